@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# memplan's one entry point for people and CI. Sets up .venv (once), then:
+#   ./dev.sh demo   profile, plan, run and compare a built-in model on the CPU (the main job)
+#   ./dev.sh test   the test suite
+#   ./dev.sh bench  the benchmarks (tables of ratios; see docs/benchmarks.md)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+VENV=${VENV:-.venv}
+STAMP="$VENV/.memplan-installed"
+
+setup() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        "$PYTHON" -m venv "$VENV"
+    fi
+    if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+        # the CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]"
+        touch "$STAMP"
+    fi
+}
+
+cmd=${1:-demo}
+shift || true
+case "$cmd" in
+    setup) setup ;;
+    demo)
+        setup
+        exec "$VENV/bin/python" -m memplan.demo "$@"
+        ;;
+    test)
+        setup
+        exec "$VENV/bin/python" -m pytest -q "$@"
+        ;;
+    bench)
+        setup
+        for b in benchmarks/bench_*.py; do "$VENV/bin/python" "$b" "$@"; done
+        ;;
+    *)
+        echo "usage: ./dev.sh [demo|test|bench|setup]" >&2
+        exit 2
+        ;;
+esac

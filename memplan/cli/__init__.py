@@ -1,0 +1,17 @@
+"""`memplan <verb>`: one module per group of verbs, each a thin call into the library.
+
+Command modules import only typer at the top; the library (and torch, where needed) is imported
+inside each command, so that `memplan --help` is instant.
+"""
+
+from __future__ import annotations
+
+from memplan.cli import plan as _plan  # noqa: F401  (registers plan, simulate)
+from memplan.cli._app import app
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    """Entry point of the `memplan` console script."""
+    app()

@@ -1,0 +1,144 @@
+"""`memplan plan` and `memplan simulate`: plan a profile for a budget, replay a schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memplan.cli._app import app, console, echo_json, read_json, user_errors
+
+
+def _load_profile(path: Path):
+    from profiler.schema import load_profile
+
+    return load_profile(read_json(path, what="profile"))
+
+
+def _budget(budget: str | None, memory: str | None, fixed_bytes: int) -> int | None:
+    from memplan.units import parse_bytes
+
+    if budget is not None and memory is not None:
+        raise ValueError("--budget and --memory: give one (activation budget or device memory)")
+    if budget is not None:
+        return parse_bytes(budget, field="--budget")
+    if memory is not None:
+        total = parse_bytes(memory, field="--memory")
+        if total < fixed_bytes:
+            raise ValueError(
+                f"--memory: {total} bytes is less than the profile's fixed_bytes ({fixed_bytes}); "
+                "parameters, gradients and optimizer state alone do not fit"
+            )
+        return total - fixed_bytes
+    return None
+
+
+@app.command("plan")
+@user_errors
+def plan_cmd(
+    profile: Annotated[Path, typer.Argument(help="profile JSON (see `memplan profile`), or -")],
+    budget: Annotated[
+        str | None, typer.Option(help="activation budget above fixed memory: 24GiB, 8e9, ...")
+    ] = None,
+    memory: Annotated[
+        str | None, typer.Option(help="device memory instead: the budget is this minus fixed_bytes")
+    ] = None,
+    strategy: Annotated[str, typer.Option(help="store-all, uniform, sqrt, heuristic, optimal")] = "uniform",
+    k: Annotated[int | None, typer.Option(help="uniform: checkpoint every k stages")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the Plan as JSON")] = False,
+) -> None:
+    """Plan checkpoints for PROFILE within a memory budget."""
+    import planner
+
+    prof = _load_profile(profile)
+    options = {"k": k} if k is not None else {}
+    plan = planner.plan(
+        prof, budget_bytes=_budget(budget, memory, prof.fixed_bytes), strategy=strategy, **options
+    )
+    if json_out:
+        echo_json(plan)
+    else:
+        _print_plan(prof, plan)
+    if not plan.feasible:
+        raise typer.Exit(1)
+
+
+@app.command("simulate")
+@user_errors
+def simulate_cmd(
+    profile: Annotated[Path, typer.Argument(help="profile JSON")],
+    schedule: Annotated[Path, typer.Argument(help="schedule JSON: a list of ops, or a Plan")],
+    json_out: Annotated[bool, typer.Option("--json", help="print the replay as JSON")] = False,
+) -> None:
+    """Replay SCHEDULE over PROFILE: validity, time, peak and the memory timeline."""
+    from planner.simulate import simulate
+
+    prof = _load_profile(profile)
+    raw = read_json(schedule, what="schedule")
+    ops = raw.get("schedule") if isinstance(raw, dict) else raw
+    if ops is None:
+        raise ValueError("schedule: the JSON object has no 'schedule' field (give a Plan or a list)")
+    sim = simulate(prof, ops)
+    data = {
+        "valid": sim.valid,
+        "error": sim.error,
+        "error_index": sim.error_index,
+        "time_s": sim.time_s,
+        "peak_bytes": sim.peak_bytes,
+        "total_peak_bytes": sim.total_peak_bytes,
+        "recompute_s": sim.recompute_s,
+        "overhead": sim.overhead,
+        "timeline": sim.timeline,
+    }
+    if json_out:
+        echo_json(data)
+    else:
+        from memplan.units import format_bytes
+
+        out = console()
+        if sim.valid:
+            out.print(
+                f"valid: time {sim.time_s:.6g} s (+{sim.overhead:.1%}), peak {format_bytes(sim.peak_bytes)}"
+                f" ({sim.peak_bytes} B; {format_bytes(sim.total_peak_bytes)} with fixed memory)"
+            )
+        else:
+            out.print(f"invalid: {sim.error}")
+    if not sim.valid:
+        raise typer.Exit(1)
+
+
+def _print_plan(prof, plan) -> None:
+    from rich.table import Table
+
+    from memplan.units import format_bytes
+
+    out = console()
+    counts = [0] * prof.n_stages
+    for op in plan.schedule:
+        if op[0] in ("F", "R"):
+            counts[op[1] - 1] += 1
+    checkpoints = set(plan.checkpoints)
+    if plan.schedule:
+        table = Table(title=f"{prof.name}: {plan.strategy} plan")
+        for col in ("stage", "name", "role", "output kept", "forward", "saved"):
+            table.add_column(col, justify="right" if col in ("stage", "forward", "saved") else "left")
+        for i, layer in enumerate(prof.layers, start=1):
+            n = counts[i - 1]
+            role = "recorded" if n == 1 else f"recomputed (x{n})"
+            table.add_row(
+                str(i), layer.name, role, "checkpoint" if i in checkpoints else "",
+                f"{layer.forward_s * 1e3:.3f} ms", format_bytes(layer.saved_bytes),
+            )
+        out.print(table)
+    status = "[green]feasible[/green]" if plan.feasible else "[red]infeasible[/red]"
+    out.print(f"{plan.strategy}: {status}. {plan.message}".rstrip(". ") + ".")
+    if plan.budget_bytes is not None:
+        out.print(f"budget: {format_bytes(plan.budget_bytes)} ({plan.budget_bytes} B) of activations")
+    if plan.predicted:
+        p = plan.predicted
+        out.print(
+            f"predicted peak: {format_bytes(p.peak_bytes)} ({p.peak_bytes} B), "
+            f"{format_bytes(p.total_peak_bytes)} with fixed memory; "
+            f"step time {p.time_s:.6g} s, recompute {p.recompute_s:.6g} s (+{p.overhead:.1%})"
+        )

@@ -1,0 +1,169 @@
+"""Replay a schedule under the chain model: the single source of every time and peak memplan predicts.
+
+Rules: ../shared/docs/chain-model.md, "The operations of a schedule". Memory is counted in bytes
+above `fixed_bytes`; `a_0` (the input) is live throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.schema import Op, parse_schedule
+from profiler.schema import Profile, load_profile
+
+__all__ = ["Simulation", "simulate", "store_all_time"]
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """Outcome of a replay. Times in seconds, sizes in bytes."""
+
+    valid: bool
+    error: str | None  # the first rule broken, naming the op; None when valid
+    error_index: int | None  # index of that op in the schedule
+    time_s: float  # sum of op times up to the end (or the failing op)
+    peak_bytes: int  # largest bytes live during any op, a_0 included
+    total_peak_bytes: int  # fixed_bytes + peak_bytes
+    recompute_s: float  # time_s - (sum f + sum b); 0 for store-all
+    overhead: float  # recompute_s / (sum f + sum b)
+    timeline: list[int] = field(repr=False)  # bytes live during each op
+    forward_counts: list[int] = field(repr=False)  # per stage 1..L: forwards run (F or R)
+    checkpoints: list[int] = field(repr=False)  # a_i live at `loss` and not pinned by record i+1
+
+    @property
+    def peak_op(self) -> int:
+        """Index of the first op at which the peak is reached."""
+        return self.timeline.index(self.peak_bytes) if self.timeline else 0
+
+
+def store_all_time(profile: Profile) -> float:
+    """Seconds of the fastest schedule: one forward and one backward per stage."""
+    return sum(layer.forward_s + layer.backward_s for layer in profile.layers)
+
+
+def simulate(profile: Profile | dict, schedule: list[Op] | list[list]) -> Simulation:
+    """Replay `schedule` over `profile`.
+
+    Returns a `Simulation`: validity (the first broken rule and its op), time in seconds, peak bytes
+    (above fixed memory) and the bytes live during each op. An invalid schedule is a result with
+    `valid=False`, not an exception; malformed ops raise `planner.schema.PlanError`.
+    """
+    prof = load_profile(profile)
+    ops = parse_schedule(schedule)
+    return _replay(prof, ops)
+
+
+def _replay(prof: Profile, ops: list[Op]) -> Simulation:
+    L = prof.n_stages
+    x = [prof.input_bytes] + [layer.output_bytes for layer in prof.layers]
+    f = [0.0] + [layer.forward_s for layer in prof.layers]
+    b = [0.0] + [layer.backward_s for layer in prof.layers]
+    s = [0] + [layer.saved_bytes for layer in prof.layers]
+    tf = [0] + [layer.forward_temp_bytes for layer in prof.layers]
+    tb = [0] + [layer.backward_temp_bytes for layer in prof.layers]
+
+    act = [False] * (L + 1)  # a_i live
+    act[0] = True
+    rec = [False] * (L + 1)  # record s_i live
+    grad: int | None = None  # index of the live gradient d_i (one at a time)
+    next_b = L  # the next stage to run backward
+    live = x[0]
+    time_s = 0.0
+    peak = live
+    timeline: list[int] = []
+    fwd = [0] * (L + 1)
+    checkpoints: list[int] = []
+
+    def fail(k: int, op: Op, why: str) -> Simulation:
+        base = store_all_time(prof)
+        rs = max(0.0, time_s - base)
+        return Simulation(
+            valid=False,
+            error=f"op {k} {list(op)}: {why}",
+            error_index=k,
+            time_s=time_s,
+            peak_bytes=peak,
+            total_peak_bytes=prof.fixed_bytes + peak,
+            recompute_s=rs,
+            overhead=rs / base if base > 0 else 0.0,
+            timeline=timeline,
+            forward_counts=fwd[1:],
+            checkpoints=checkpoints,
+        )
+
+    for k, op in enumerate(ops):
+        name = op[0]
+        if name == "loss":
+            if not act[L]:
+                return fail(k, op, f"a_{L} is not live (run stage {L} forward first)")
+            if grad is not None or next_b != L:
+                return fail(k, op, "the loss gradient already exists (run loss once)")
+            during = live + x[L]
+            live += x[L]
+            grad = L
+            # kept for recomputation only: live, and not pinned by the next stage's record
+            checkpoints = [i for i in range(1, L) if act[i] and not rec[i + 1]]
+        else:
+            i = op[1]  # type: ignore[misc]
+            if not 1 <= i <= L:
+                return fail(k, op, f"stage index {i} is out of range 1..{L}")
+            if name in ("F", "R"):
+                if not act[i - 1]:
+                    return fail(k, op, f"its input a_{i - 1} is not live")
+                if name == "R" and rec[i]:
+                    return fail(k, op, f"stage {i} already has a live record")
+                new = 0 if act[i] else x[i]
+                if name == "R":
+                    during = live + new + s[i] + tf[i]
+                    live += new + s[i]
+                    rec[i] = True
+                else:
+                    during = live + new + tf[i]
+                    live += new
+                act[i] = True
+                fwd[i] += 1
+                time_s += f[i]
+            elif name == "drop":
+                if not act[i]:
+                    return fail(k, op, f"a_{i} is not live")
+                if i < L and rec[i + 1]:
+                    return fail(k, op, f"a_{i} is pinned by the live record of stage {i + 1}")
+                during = live
+                live -= x[i]
+                act[i] = False
+            else:  # "B"
+                if i != next_b:
+                    return fail(k, op, f"backward must run B {next_b} next (B L..1, each once)")
+                if grad != i:
+                    return fail(k, op, f"the gradient d_{i} is not live (run loss first)")
+                if not rec[i]:
+                    return fail(k, op, f"stage {i} has no live record (run R {i} first)")
+                if not act[i - 1]:
+                    return fail(k, op, f"its input a_{i - 1} is not live")
+                during = live + x[i - 1] + tb[i]
+                live += x[i - 1] - x[i] - s[i]
+                rec[i] = False
+                grad = i - 1
+                next_b -= 1
+                time_s += b[i]
+        timeline.append(during)
+        if during > peak:
+            peak = during
+
+    if next_b != 0:
+        return fail(len(ops), ("B", next_b), f"the schedule ends before it (it must run B {L}..1)")
+    base = store_all_time(prof)
+    rs = max(0.0, time_s - base)
+    return Simulation(
+        valid=True,
+        error=None,
+        error_index=None,
+        time_s=time_s,
+        peak_bytes=peak,
+        total_peak_bytes=prof.fixed_bytes + peak,
+        recompute_s=rs,
+        overhead=rs / base if base > 0 else 0.0,
+        timeline=timeline,
+        forward_counts=fwd[1:],
+        checkpoints=checkpoints,
+    )

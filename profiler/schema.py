@@ -1,0 +1,127 @@
+"""The profile: per-stage costs of one training step, as ../shared/docs/chain-model.md defines them.
+
+Plain validated data shared by every part of memplan. This module imports pydantic only (no torch),
+so that the planner and the service can read profiles without the measuring stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "LayerProfile",
+    "Profile",
+    "ProfileError",
+    "load_profile",
+    "format_validation_error",
+]
+
+SCHEMA_VERSION = "1"
+
+Bytes = Annotated[int, Field(ge=0, description="bytes")]
+Seconds = Annotated[float, Field(ge=0.0, description="seconds")]
+
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
+
+
+class ProfileError(ValueError):
+    """Invalid profile input; the message names the field and says how to fix it."""
+
+
+class LayerProfile(BaseModel):
+    """Costs of one stage i (symbols of chain-model.md in brackets)."""
+
+    model_config = _STRICT
+
+    name: str = Field(min_length=1, description="stage name, e.g. 'block.3'")
+    kind: str = Field(default="layer", description="stage family, e.g. 'block', 'embed', 'head'")
+    forward_s: Seconds = Field(description="[f_i] seconds for one forward of the stage")
+    backward_s: Seconds = Field(description="[b_i] seconds for its backward")
+    output_bytes: Bytes = Field(description="[x_i] bytes of its output a_i (and of d_i)")
+    saved_bytes: Bytes = Field(
+        description="[s_i] bytes autograd keeps for its backward (unique storages, no parameters, "
+        "no input or output storage)"
+    )
+    forward_temp_bytes: Bytes = Field(default=0, description="[tf_i] transient bytes in forward")
+    backward_temp_bytes: Bytes = Field(default=0, description="[tb_i] transient bytes in backward")
+    param_bytes: Bytes = Field(default=0, description="bytes of the stage's parameters (reports)")
+    flops: Annotated[float, Field(ge=0.0)] = Field(default=0.0, description="FLOPs of one forward")
+
+
+class Profile(BaseModel):
+    """A chain of stages 1..L plus what the plan cannot change."""
+
+    model_config = _STRICT
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    name: str = Field(default="model", min_length=1, description="model name, for reports")
+    device: str = Field(default="cpu", description="device measured on, e.g. 'cpu', 'cuda:0'")
+    dtype: str = Field(default="float32", description="compute dtype measured under")
+    input_bytes: Bytes = Field(description="[x_0] bytes of the step's input a_0 (always live)")
+    fixed_bytes: Bytes = Field(
+        default=0,
+        description="parameters, gradients, optimizer state and other memory the plan cannot change",
+    )
+    layers: list[LayerProfile] = Field(min_length=1, description="stages 1..L in order")
+    meta: dict[str, Any] = Field(
+        default_factory=dict, description="free-form provenance (model config, tool versions)"
+    )
+
+    @field_validator("layers")
+    @classmethod
+    def _names_unique(cls, layers: list[LayerProfile]) -> list[LayerProfile]:
+        seen: set[str] = set()
+        for i, layer in enumerate(layers):
+            if layer.name in seen:
+                raise ValueError(
+                    f"stage {i + 1} repeats the name {layer.name!r}; give every stage a unique name"
+                )
+            seen.add(layer.name)
+        return layers
+
+    @property
+    def n_stages(self) -> int:
+        """L, the number of stages."""
+        return len(self.layers)
+
+    def fingerprint(self) -> str:
+        """A short hash of the stage names and output sizes: plans carry it so that a plan made for
+        one model is refused by another (timings are left out; they vary between runs)."""
+        key = [(layer.name, layer.output_bytes) for layer in self.layers]
+        digest = hashlib.sha256(json.dumps([self.input_bytes, key]).encode()).hexdigest()
+        return digest[:16]
+
+
+def format_validation_error(err: ValidationError, *, what: str) -> str:
+    """One line per problem: 'what: field.path: message'."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field; remove it (check the spelling against the schema)"
+        elif e["type"] == "finite_number":
+            msg = "must be a finite number, not NaN or infinity"
+        elif e["type"] == "missing":
+            msg = "field required"
+        lines.append(f"{what}: {loc}: {msg}")
+    return "; ".join(lines)
+
+
+def load_profile(data: Profile | dict | str | bytes) -> Profile:
+    """A validated `Profile` from a Profile, a dict or JSON text. Raises `ProfileError`."""
+    if isinstance(data, Profile):
+        return data
+    try:
+        if isinstance(data, (str, bytes)):
+            return Profile.model_validate_json(data)
+        if isinstance(data, dict):
+            return Profile.model_validate(data)
+    except ValidationError as err:
+        raise ProfileError(format_validation_error(err, what="profile")) from None
+    raise ProfileError(f"profile: expected a Profile, a dict or JSON text, got {type(data).__name__}")
