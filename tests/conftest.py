@@ -1,0 +1,24 @@
+"""Shared fixtures: small chains for the planner, the CUDA skip marker."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("MEMPLAN_TESTING", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (no GPU on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,126 @@
+"""Baseline strategies: valid schedules, predictions equal to a replay, budgets respected."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import planner
+from planner._build import insert_drops, one_level_ops
+from planner.schema import PlanError
+from planner.simulate import simulate
+from planner.sqrt import sqrt_segments
+from planner.uniform import uniform_segments
+from tests.planner.chains import chain, random_chains, worked_example
+
+BASELINES = ("store-all", "uniform", "sqrt", "heuristic")
+
+
+def test_worked_example_store_all_and_16_bytes():
+    prof = worked_example()
+    plan = planner.plan(prof, strategy="store-all")
+    assert plan.feasible and plan.predicted.time_s == 36 and plan.predicted.peak_bytes == 31
+    for name in BASELINES:
+        p16 = planner.plan(prof, budget_bytes=16, strategy=name)
+        assert not p16.feasible, name
+        assert "16 bytes" in p16.message
+
+
+def test_infeasible_plan_says_the_least_budget():
+    plan = planner.plan(worked_example(), budget_bytes=16, strategy="uniform")
+    assert not plan.feasible and plan.schedule == [] and plan.predicted is None
+    assert "least budget it fits is 21 bytes" in plan.message
+    assert planner.plan(worked_example(), budget_bytes=21, strategy="uniform").feasible
+
+
+def test_uniform_given_k_and_chosen_k():
+    prof = worked_example()
+    assert uniform_segments(4, 2) == [(1, 2, True), (3, 4, False)]
+    assert uniform_segments(5, 2) == [(1, 2, True), (3, 4, True), (5, 5, False)]
+    plan = planner.plan(prof, budget_bytes=30, strategy="uniform", k=4)
+    assert plan.options == {"k": 4} and plan.predicted.peak_bytes == 31 and not plan.feasible
+    chosen = planner.plan(prof, budget_bytes=30, strategy="uniform")
+    assert chosen.feasible and chosen.predicted.peak_bytes <= 30
+    with pytest.raises(PlanError, match="k: the segment length"):
+        planner.plan(prof, strategy="uniform", k=0)
+
+
+def test_sqrt_balances_forward_time_not_count():
+    # 9 stages: one slow stage first; 3 segments by time put it alone
+    prof = chain([1] * 10, [12, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 9, [1] * 9)
+    segs = sqrt_segments(prof)
+    assert len(segs) == 3
+    assert segs[0] == (1, 1, True)
+    even = chain([1] * 10, [1] * 9, [1] * 9, [1] * 9)
+    assert [(p, q) for p, q, _ in sqrt_segments(even)] == [(1, 3), (4, 6), (7, 9)]
+
+
+def test_heuristic_recomputes_memory_intensive_stages_first():
+    # stages 2 and 3 save as much; stage 2 is cheaper to rerun, so it goes first
+    prof = chain([1] * 5, [5, 1, 2, 5], [1] * 4, [1, 20, 20, 1])
+    assert planner.plan(prof, strategy="heuristic").predicted.peak_bytes == 48
+    plan = planner.plan(prof, budget_bytes=40, strategy="heuristic")
+    assert plan.feasible and plan.recomputed == [2] and plan.predicted.peak_bytes == 28
+
+
+def test_bad_options_and_budgets():
+    prof = worked_example()
+    with pytest.raises(PlanError, match="strategy: unknown 'fastest'"):
+        planner.plan(prof, strategy="fastest")
+    with pytest.raises(PlanError, match="k: strategy 'sqrt' takes no such option"):
+        planner.plan(prof, strategy="sqrt", k=2)
+    for bad, needle in [(-1, "at least 0"), (float("nan"), "finite"), ("10", "number of bytes")]:
+        with pytest.raises(PlanError, match=f"budget_bytes: .*{needle}"):
+            planner.plan(prof, budget_bytes=bad)
+
+
+def test_insert_drops_frees_as_early_as_allowed():
+    ops = insert_drops([("F", 1), ("F", 2), ("R", 3), ("loss",), ("B", 3)], 3)
+    assert ops == [("F", 1), ("F", 2), ("drop", 1), ("R", 3), ("loss",), ("drop", 3), ("B", 3),
+                   ("drop", 2)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(prof=random_chains(max_stages=9), budget=st.integers(0, 80))
+def test_baselines_are_valid_and_never_beat_store_all(prof, budget):
+    fastest = planner.plan(prof, strategy="store-all").predicted.time_s
+    for name in BASELINES:
+        plan = planner.plan(prof, budget_bytes=budget, strategy=name)
+        if plan.schedule:
+            sim = simulate(prof, plan.schedule)
+            assert sim.valid, (name, sim.error)
+            p = plan.predicted
+            assert (p.time_s, p.peak_bytes, p.total_peak_bytes) == (
+                sim.time_s, sim.peak_bytes, sim.total_peak_bytes)
+            assert math.isclose(p.recompute_s, sim.recompute_s)
+            assert p.time_s >= fastest
+            # no valid schedule's peak is below its largest single op (the peak is a max over ops)
+            assert sim.peak_bytes == max(sim.timeline)
+            assert sim.peak_bytes >= max(
+                prof.input_bytes + layer.output_bytes + layer.forward_temp_bytes
+                for layer in prof.layers[:1]
+            )
+        if plan.feasible:
+            assert plan.predicted.peak_bytes <= budget, name
+        else:
+            assert plan.message
+
+
+@settings(max_examples=100, deadline=None)
+@given(prof=random_chains(max_stages=9), data=st.data())
+def test_any_one_level_plan_is_valid(prof, data):
+    L = prof.n_stages
+    cuts = sorted(data.draw(st.sets(st.integers(1, L - 1), max_size=L - 1)) if L > 1 else [])
+    bounds, p = [], 1
+    for q in cuts + [L]:
+        bounds.append((p, q))
+        p = q + 1
+    flags = data.draw(st.lists(st.booleans(), min_size=len(bounds), max_size=len(bounds)))
+    segs = [(p, q, r) for (p, q), r in zip(bounds, flags, strict=True)]
+    sim = simulate(prof, one_level_ops(segs, L))
+    assert sim.valid, sim.error
+    expected_extra = sum(prof.layers[i - 1].forward_s for p, q, r in segs if r for i in range(p, q + 1))
+    assert math.isclose(sim.recompute_s, expected_extra)

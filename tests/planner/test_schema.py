@@ -1,0 +1,105 @@
+"""Profiles and plans are strict: finite, non-negative, no unknown fields, errors name the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.schema import Plan, PlanError, parse_schedule
+from profiler.schema import SCHEMA_VERSION, Profile, ProfileError, load_profile
+from tests.planner.chains import worked_example
+
+
+def _dict() -> dict:
+    return worked_example().model_dump()
+
+
+def test_profile_round_trips_through_json():
+    prof = worked_example()
+    again = load_profile(prof.model_dump_json())
+    assert again == prof
+    assert again.schema_version == SCHEMA_VERSION
+    assert again.n_stages == 4
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "needle"),
+    [
+        (("layers", 0, "forward_s"), float("nan"), "layers.0.forward_s: must be a finite number"),
+        (("layers", 1, "backward_s"), float("inf"), "layers.1.backward_s: must be a finite number"),
+        (("layers", 2, "saved_bytes"), -1, "layers.2.saved_bytes"),
+        (("input_bytes",), -5, "input_bytes"),
+        (("layers",), [], "layers"),
+        (("layers", 0, "bogus"), 1, "layers.0.bogus: unknown field"),
+        (("surprise",), 1, "surprise: unknown field"),
+        (("layers", 3, "output_bytes"), 1.5, "layers.3.output_bytes"),
+    ],
+)
+def test_bad_profiles_name_the_field(path, value, needle):
+    data = _dict()
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(ProfileError) as err:
+        load_profile(data)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_nan_in_json_text_is_refused():
+    text = worked_example().model_dump_json().replace('"forward_s":3.0', '"forward_s":NaN', 1)
+    assert "NaN" in text
+    with pytest.raises(ProfileError, match="forward_s"):
+        load_profile(text)
+
+
+def test_duplicate_stage_names_are_refused():
+    data = _dict()
+    data["layers"][1]["name"] = data["layers"][0]["name"]
+    with pytest.raises(ProfileError, match="repeats the name"):
+        load_profile(data)
+
+
+def test_malformed_json_is_a_profile_error():
+    with pytest.raises(ProfileError):
+        load_profile('{"input_bytes": 1, "layers": [')
+
+
+def test_fingerprint_tracks_the_model_not_the_timings():
+    a = worked_example()
+    b = a.model_copy(deep=True)
+    b.layers[0].forward_s = 99.0
+    assert a.fingerprint() == b.fingerprint()
+    c = a.model_copy(deep=True)
+    c.layers[0].output_bytes += 1
+    assert a.fingerprint() != c.fingerprint()
+
+
+def test_schedule_ops_parse_and_refuse_malformed():
+    assert parse_schedule([["F", 1], ["loss"], ["B", 2]]) == [("F", 1), ("loss",), ("B", 2)]
+    for bad, needle in [
+        ([["X", 1]], "unknown op 'X'"),
+        ([["F"]], "needs one integer stage index"),
+        ([["F", "1"]], "needs one integer stage index"),
+        ([["F", True]], "needs one integer stage index"),
+        ([["loss", 1]], "takes no stage index"),
+        ([[]], "expected an op"),
+        ("F1", "expected a list of ops"),
+    ]:
+        with pytest.raises(PlanError, match="schedule"):
+            parse_schedule(bad)
+        try:
+            parse_schedule(bad)
+        except PlanError as err:
+            assert needle in str(err)
+
+
+def test_plan_json_encodes_ops_as_arrays():
+    plan = Plan(strategy="x", feasible=True, n_stages=1, schedule=[("R", 1), ("loss",), ("B", 1)])
+    data = json.loads(plan.model_dump_json())
+    assert data["schedule"] == [["R", 1], ["loss"], ["B", 1]]
+    assert plan.ops() == [("R", 1), ("loss",), ("B", 1)]
+    with pytest.raises(ValueError):
+        Plan.model_validate({**data, "extra": 1})

@@ -1,0 +1,95 @@
+"""The simulator against the chain model's rules and its worked example."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.simulate import simulate
+from tests.planner.chains import chain, worked_example
+
+STORE_ALL = [["R", 1], ["R", 2], ["R", 3], ["R", 4], ["loss"], ["drop", 4], ["B", 4], ["drop", 3],
+             ["B", 3], ["drop", 2], ["B", 2], ["drop", 1], ["B", 1]]
+
+
+def test_worked_example_store_all():
+    sim = simulate(worked_example(), STORE_ALL)
+    assert sim.valid, sim.error
+    assert sim.time_s == 36
+    assert sim.peak_bytes == 31
+    assert sim.recompute_s == 0 and sim.overhead == 0
+    # bytes live during each op, by hand from the rules
+    assert sim.timeline == [9, 17, 19, 29, 31, 31, 30, 22, 23, 19, 18, 10, 9]
+    assert sim.forward_counts == [1, 1, 1, 1]
+
+
+def test_keeping_a_L_through_the_backward_costs_its_bytes():
+    ops = [op for op in STORE_ALL if op != ["drop", 4]]
+    sim = simulate(worked_example(), ops)
+    assert sim.valid
+    assert sim.peak_bytes == 27 + 4 + 3  # B 4 with a_4 still live
+
+
+def test_fixed_bytes_add_to_total_peak_only():
+    prof = worked_example().model_copy(update={"fixed_bytes": 100})
+    sim = simulate(prof, STORE_ALL)
+    assert sim.peak_bytes == 31 and sim.total_peak_bytes == 131
+
+
+def test_recompute_time_and_overhead():
+    ops = [["F", 1], ["F", 2], ["drop", 1], ["R", 3], ["R", 4], ["loss"], ["drop", 4], ["B", 4],
+           ["drop", 3], ["B", 3], ["drop", 2], ["R", 1], ["R", 2], ["drop", 2], ["B", 2], ["drop", 1],
+           ["B", 1]]
+    sim = simulate(worked_example(), ops)
+    assert sim.valid, sim.error
+    assert sim.time_s == 36 + 3 + 4
+    assert sim.recompute_s == 7
+    assert sim.overhead == pytest.approx(7 / 36)
+    assert sim.forward_counts == [2, 2, 1, 1]
+    assert sim.checkpoints == []  # a_2 is pinned by R 3's record: not a checkpoint
+
+
+@pytest.mark.parametrize(
+    ("ops", "index", "needle"),
+    [
+        ([["R", 2]], 0, "its input a_1 is not live"),
+        ([["R", 1], ["R", 1]], 1, "already has a live record"),
+        ([["R", 1], ["R", 2], ["drop", 1]], 2, "pinned by the live record of stage 2"),
+        ([["drop", 1]], 0, "a_1 is not live"),
+        ([["R", 1], ["loss"]], 1, "a_4 is not live"),
+        ([["R", 5]], 0, "out of range 1..4"),
+        ([["R", 0]], 0, "out of range 1..4"),
+        (STORE_ALL[:5] + [["B", 3]], 5, "must run B 4 next"),
+        (STORE_ALL[:4] + [["B", 4]], 4, "d_4 is not live"),
+        (STORE_ALL[:5] + [["loss"]], 5, "already exists"),
+        (STORE_ALL[:9], 9, "ends before it"),
+        ([["F", 1], ["F", 2], ["F", 3], ["F", 4], ["loss"], ["B", 4]], 5, "no live record"),
+    ],
+)
+def test_broken_rules_name_the_op(ops, index, needle):
+    sim = simulate(worked_example(), ops)
+    assert not sim.valid
+    assert sim.error_index == index
+    assert needle in sim.error
+    assert sim.error.startswith(f"op {index} ")
+
+
+def test_b_needs_a_record_and_drop_0_is_refused():
+    prof = chain([1, 1, 1], [1, 1], [1, 1], [0, 0])
+    ops = [["R", 1], ["F", 2], ["drop", 1], ["loss"], ["B", 2]]
+    sim = simulate(prof, ops)
+    assert not sim.valid and "no live record" in sim.error
+    ops = [["R", 1], ["R", 2], ["loss"], ["B", 2], ["drop", 0]]
+    sim = simulate(prof, ops)
+    assert not sim.valid and "out of range" in sim.error
+
+
+def test_b_needs_its_input():
+    prof = chain([1, 1, 1, 1], [1, 1, 1], [1, 1, 1], [0, 0, 0])
+    ops = [["R", 1], ["F", 2], ["drop", 1], ["R", 3], ["loss"], ["B", 3], ["R", 2], ["B", 2]]
+    sim = simulate(prof, ops)
+    assert not sim.valid and sim.error_index == 6 and "a_1 is not live" in sim.error
+
+
+def test_dict_profile_and_tuple_ops_are_accepted():
+    sim = simulate(worked_example().model_dump(), [tuple(op) for op in STORE_ALL])
+    assert sim.valid and sim.peak_bytes == 31
