@@ -1,0 +1,95 @@
+"""The FastAPI application: `uvicorn service.app:app`, or `memplan serve`.
+
+It translates HTTP to library calls and back, and nothing more: plans come from `planner.plan`,
+sizing from `planner.scaling`, profiles and runs from the profiler and executor via the job worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from service.jobs.store import JobStore
+from service.jobs.supervisor import WorkerSupervisor
+from service.limits import BodyLimitMiddleware
+from service.problems import Problem, install_problem_handlers
+from service.routers import health, plans, profiles, runs, sizing
+from service.settings import Settings, get_settings
+
+__all__ = ["app", "create_app", "STARTED_AT"]
+
+log = logging.getLogger(__name__)
+
+STARTED_AT = time.time()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A new application for `settings` (default: from the environment)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.store = JobStore(settings.db_path)
+        supervisor = None
+        if settings.start_worker:
+            supervisor = WorkerSupervisor(settings)
+            supervisor.start()
+        app.state.supervisor = supervisor
+        log.info("memplan service: store %s, worker %s", settings.db_path, "on" if supervisor else "off")
+        try:
+            yield
+        finally:
+            if supervisor is not None:
+                supervisor.stop()
+            app.state.store.close()
+
+    from importlib import metadata
+
+    try:
+        version = metadata.version("memplan")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
+        version = "0+unknown"
+
+    app = FastAPI(
+        title="memplan",
+        version=version,
+        summary="Plan activation checkpointing, size models, and prove plans by running them.",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+        openapi_url="/openapi.json",
+    )
+    app.state.settings = settings
+    install_problem_handlers(app)
+    for module in (health, plans, sizing, profiles, runs):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema plus the `Problem` schema that every error response refers to."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, summary=app.summary, routes=app.routes
+    )
+    comps = schema.setdefault("components", {}).setdefault("schemas", {})
+    problem = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, sub in problem.pop("$defs", {}).items():
+        comps.setdefault(name, sub)
+    comps["Problem"] = problem
+    comps.pop("HTTPValidationError", None)
+    comps.pop("ValidationError", None)
+    app.openapi_schema = schema
+    return schema
+
+
+app = create_app()

@@ -1,0 +1,215 @@
+"""Errors as RFC 9457 problem details (`application/problem+json`), naming the field at fault.
+
+Every error the service answers goes through here: request validation (422, with one entry per
+bad field in `errors`), the library's own input errors (`PlanError`, `ProfileError`, ...: 422),
+HTTP errors raised by the routers, and anything unexpected (500, logged with its traceback, never
+shown to the client).
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+__all__ = [
+    "PROBLEM_MEDIA_TYPE",
+    "Problem",
+    "FieldError",
+    "ProblemError",
+    "problem_response",
+    "install_problem_handlers",
+    "problem_responses",
+]
+
+log = logging.getLogger(__name__)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+_TYPE_BASE = "https://memplan.dev/problems/"
+
+
+class FieldError(BaseModel):
+    """One invalid input: where it is and what is wrong with it."""
+
+    field: str = Field(description="dotted path of the input, e.g. 'body.profile.layers.3.saved_bytes'")
+    message: str = Field(description="what is wrong and how to fix it")
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(default="about:blank", description="URI naming the kind of problem")
+    title: str = Field(description="short summary of the kind of problem")
+    status: int = Field(description="the HTTP status code")
+    detail: str | None = Field(default=None, description="this occurrence, in a sentence")
+    instance: str | None = Field(default=None, description="the request path")
+    errors: list[FieldError] | None = Field(default=None, description="the invalid fields")
+
+
+class ProblemError(Exception):
+    """Raise in a router to answer with a problem document."""
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        kind: str | None = None,
+        headers: dict[str, str] | None = None,
+        errors: list[FieldError] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.kind = kind
+        self.headers = headers or {}
+        self.errors = errors
+        self.extra = extra
+
+
+def problem_response(
+    status: int,
+    detail: str | None,
+    *,
+    instance: str | None = None,
+    kind: str | None = None,
+    headers: dict[str, str] | None = None,
+    errors: list[FieldError] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    """A `JSONResponse` carrying a problem document with media type application/problem+json."""
+    body = Problem(
+        type=_TYPE_BASE + kind if kind else "about:blank",
+        title=HTTPStatus(status).phrase,
+        status=status,
+        detail=detail,
+        instance=instance,
+        errors=errors,
+        **extra,
+    ).model_dump(mode="json", exclude_none=True)
+    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_MEDIA_TYPE)
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(root)"
+
+
+def _message(err: dict[str, Any]) -> str:
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown field; remove it (check the spelling against /openapi.json)"
+    if kind == "finite_number":
+        return "must be a finite number, not NaN or infinity"
+    if kind == "missing":
+        return "field required"
+    if kind == "json_invalid":
+        ctx = err.get("ctx") or {}
+        return f"the body is not valid JSON ({ctx.get('error', 'parse error')})"
+    return str(err.get("msg", "invalid"))
+
+
+def validation_errors(errors: list[dict[str, Any]]) -> list[FieldError]:
+    """Pydantic/FastAPI error dicts as `FieldError`s."""
+    return [FieldError(field=_loc(tuple(e.get("loc", ()))), message=_message(e)) for e in errors]
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Route every error of `app` through problem documents."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = validation_errors(list(exc.errors()))
+        detail = "; ".join(f"{e.field}: {e.message}" for e in errors[:5])
+        if len(errors) > 5:
+            detail += f"; and {len(errors) - 5} more"
+        return problem_response(
+            422, detail, instance=request.url.path, kind="validation", errors=errors
+        )
+
+    @app.exception_handler(ProblemError)
+    async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
+        return problem_response(
+            exc.status,
+            exc.detail,
+            instance=request.url.path,
+            kind=exc.kind,
+            headers=exc.headers,
+            errors=exc.errors,
+            **exc.extra,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).description
+        return problem_response(
+            exc.status_code, detail, instance=request.url.path, headers=getattr(exc, "headers", None)
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem_response(
+            500,
+            "internal error; the server's log has the details",
+            instance=request.url.path,
+            kind="internal",
+        )
+
+
+def library_error(err: Exception, *, prefix: str = "body") -> ProblemError:
+    """A 422 problem from a library input error, whose message starts with the field's name."""
+    msg = str(err)
+    field = msg.split(":", 1)[0].strip() if ":" in msg else "(request)"
+    if " " in field or not field:
+        field = "(request)"
+    return ProblemError(
+        422,
+        msg,
+        kind="invalid-input",
+        errors=[FieldError(field=f"{prefix}.{field}" if field != "(request)" else field, message=msg)],
+    )
+
+
+_DESCRIPTIONS = {
+    400: "Bad request",
+    401: "Missing or wrong API key",
+    404: "No such resource",
+    406: "The Accept header names no media type this endpoint can produce",
+    409: "The resource is in a state that forbids this",
+    413: "Request body larger than the server's limit",
+    415: "Unsupported content type",
+    422: "Invalid input: the problem names each bad field",
+    429: "Too many jobs queued; retry after the number of seconds in Retry-After",
+    500: "Internal error",
+    501: "Not available in this build",
+    503: "Not ready",
+}
+
+
+def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` entries of a route for these error codes (content: problem+json)."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        entry: dict[str, Any] = {
+            "description": _DESCRIPTIONS.get(code, HTTPStatus(code).phrase),
+            "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        if code == 429:
+            entry["headers"] = {
+                "Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}
+            }
+        if code == 401:
+            entry["headers"] = {
+                "WWW-Authenticate": {"description": "the scheme", "schema": {"type": "string"}}
+            }
+        out[code] = entry
+    return out

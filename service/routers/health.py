@@ -1,0 +1,149 @@
+"""`/v1/healthz` (the process answers), `/v1/readyz` (store writable, worker alive), `/v1/info`."""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import time
+from importlib import metadata
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, Field
+
+from service.deps import SettingsDep, StoreDep, require_api_key
+from service.problems import problem_response, problem_responses
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["health"])
+
+
+class Health(BaseModel):
+    status: str = Field(description="'ok'")
+
+
+class Readiness(BaseModel):
+    status: str = Field(description="'ready' or 'not ready'")
+    store_writable: bool
+    worker_alive: bool
+    worker_pid: int | None = None
+    queue_depth: int = Field(ge=0, description="queued plus running jobs")
+
+
+class Limits(BaseModel):
+    max_body_bytes: int
+    max_stages: int
+    max_queue_depth: int
+    job_timeout_s: float
+
+
+class Info(BaseModel):
+    """What this server is and what it can do."""
+
+    versions: dict[str, str | None] = Field(description="memplan, python, fastapi, pydantic, torch")
+    device: dict[str, Any] | None = Field(
+        description="the device jobs run on, as the worker probed it (None until it has)"
+    )
+    limits: Limits
+    auth_required: bool
+    strategies: list[str]
+    features: dict[str, bool] = Field(
+        description="which endpoints have their library in this build: frontier, sizing, fit, "
+        "profiles, runs"
+    )
+    uptime_s: float
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _has(module: str, attr: str | None = None) -> bool:
+    try:
+        if importlib.util.find_spec(module) is None:
+            return False
+    except (ImportError, ValueError):
+        return False
+    if attr is None:
+        return True
+    try:
+        return hasattr(importlib.import_module(module), attr)
+    except Exception:  # noqa: BLE001 - a half-built module counts as missing
+        return False
+
+
+@router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
+def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    summary="Readiness: the job store is writable and a worker is alive",
+    responses=problem_responses(503),
+)
+def readyz(settings: SettingsDep, store: StoreDep) -> Any:
+    writable = store.writable()
+    worker = store.live_worker(stale_s=settings.worker_stale_s)
+    body = Readiness(
+        status="ready" if writable and worker else "not ready",
+        store_writable=writable,
+        worker_alive=worker is not None,
+        worker_pid=worker["pid"] if worker else None,
+        queue_depth=store.depth(),
+    )
+    if writable and worker:
+        return body
+    why = []
+    if not writable:
+        why.append(f"the job store {settings.db_path} is not writable")
+    if worker is None:
+        why.append(f"no worker has sent a heartbeat in the last {settings.worker_stale_s:g} s")
+    return problem_response(
+        503, "; ".join(why), instance="/v1/readyz", kind="not-ready", checks=body.model_dump()
+    )
+
+
+@router.get(
+    "/info",
+    response_model=Info,
+    summary="Versions, device and limits",
+    dependencies=[Depends(require_api_key)],
+    responses=problem_responses(401),
+)
+def info(settings: SettingsDep, store: StoreDep) -> Info:
+    import planner
+    from service.app import STARTED_AT
+
+    worker = store.live_worker(stale_s=max(settings.worker_stale_s, 3600.0))
+    return Info(
+        versions={
+            "memplan": _version("memplan"),
+            "python": platform.python_version(),
+            "fastapi": _version("fastapi"),
+            "pydantic": _version("pydantic"),
+            "torch": _version("torch"),
+        },
+        device=worker["device"] if worker else None,
+        limits=Limits(
+            max_body_bytes=settings.max_body_bytes,
+            max_stages=settings.max_stages,
+            max_queue_depth=settings.max_queue_depth,
+            job_timeout_s=settings.job_timeout_s,
+        ),
+        auth_required=settings.api_key is not None,
+        strategies=list(planner.STRATEGIES),
+        features={
+            "frontier": _has("planner", "frontier"),
+            "sizing": _has("planner.scaling.queries"),
+            "fit": _has("planner.scaling.fit"),
+            "profiles": _has("profiler.models"),
+            "runs": _has("executor", "run_plan"),
+        },
+        uptime_s=time.time() - STARTED_AT,
+    )

@@ -1,0 +1,89 @@
+"""`/v1/profiles`: profile a built-in model configuration on the server's device (a job: it runs in
+the worker, like a run, so that it never competes with a run for the device)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Header, Path, Query
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.deps import SettingsDep, StoreDep, require_api_key
+from service.jobs.store import Job, JobState
+from service.problems import problem_responses
+from service.routers import _jobs
+from service.routers._jobs import JobList
+from service.routers.plans import OptionValue
+
+__all__ = ["router", "ProfileRequest"]
+
+router = APIRouter(prefix="/v1/profiles", tags=["profiles"], dependencies=[Depends(require_api_key)])
+
+JobId = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+class ProfileRequest(BaseModel):
+    """What `memplan profile` takes: a built-in model family and its config."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    model: str = Field(default="gpt", min_length=1, max_length=64, description="built-in model family")
+    config: dict[str, OptionValue] = Field(
+        default_factory=dict, description="the family's config fields (e.g. n_layer, d_model)"
+    )
+    analytic: bool = Field(default=False, description="derive from shapes instead of measuring")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    repeats: int = Field(default=5, ge=1, le=1000, description="timed repeats (median)")
+    warmup: int = Field(default=2, ge=0, le=100)
+    device: str | None = Field(default=None, max_length=32, description="null: the server's device")
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=Job,
+    summary="Profile a built-in model on the server's device",
+    description="A job: 202 with `Location: /v1/profiles/{id}`, whose `result` is the `Profile` once "
+    "it has succeeded. `Prefer: wait=N` waits up to N seconds (at most 60) and answers 200 if done.",
+    responses={
+        200: {"description": "finished within the wait, or a replay", "model": Job},
+        **problem_responses(401, 413, 422, 429),
+    },
+)
+async def create_profile(
+    body: ProfileRequest,
+    store: StoreDep,
+    settings: SettingsDep,
+    idempotency_key: Annotated[str | None, Header()] = None,
+    prefer: Annotated[str | None, Header()] = None,
+) -> JSONResponse:
+    return await _jobs.submit(
+        kind="profile", body=body, base_path="/v1/profiles", store=store, settings=settings,
+        idempotency_key=idempotency_key, prefer=prefer,
+    )
+
+
+@router.get("", response_model=JobList, summary="List profile jobs", responses=problem_responses(401, 422))
+def list_profiles(
+    store: StoreDep,
+    state: Annotated[JobState | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    before: Annotated[float | None, Query(ge=0, allow_inf_nan=False)] = None,
+) -> JobList:
+    return _jobs.list_jobs(store, kind="profile", state=state, limit=limit, before=before)
+
+
+@router.get("/{profile_id}", response_model=Job, summary="A profile job", responses=problem_responses(401, 404, 422))
+def get_profile(profile_id: JobId, store: StoreDep) -> Job:
+    return _jobs.get_or_404(store, profile_id, kind="profile")
+
+
+@router.post(
+    "/{profile_id}/cancel",
+    response_model=Job,
+    summary="Cancel a profile job",
+    responses={202: {"description": "stopping", "model": Job}, **problem_responses(401, 404, 409, 422)},
+)
+def cancel_profile(profile_id: JobId, store: StoreDep) -> JSONResponse:
+    return _jobs.cancel(store, profile_id, kind="profile")

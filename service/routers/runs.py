@@ -1,0 +1,131 @@
+"""`/v1/runs`: validation runs of the executor (profile a built-in model, plan it, run the plan and
+compare measured against predicted), queued and run by the worker."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.deps import SettingsDep, StoreDep, require_api_key
+from service.jobs.store import Job, JobState
+from service.problems import problem_responses
+from service.routers import _jobs
+from service.routers._jobs import JobList
+from service.routers.plans import OptionValue, StrategyName
+
+__all__ = ["router", "RunRequest"]
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"], dependencies=[Depends(require_api_key)])
+
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+JobId = Annotated[str, Path(min_length=1, max_length=64, description="the job's id")]
+
+
+class RunRequest(BaseModel):
+    """What `memplan run` takes: a built-in model, a budget and a strategy; the worker profiles
+    the model on the server's device, plans it and runs the plan for `steps` training steps."""
+
+    model_config = _STRICT
+
+    model: str = Field(default="gpt", min_length=1, max_length=64, description="built-in model family")
+    config: dict[str, OptionValue] = Field(
+        default_factory=dict, description="the family's config fields (e.g. n_layer, d_model)"
+    )
+    budget_bytes: int | None = Field(default=None, ge=0, description="activation budget, bytes")
+    strategy: StrategyName | None = Field(default=None, description="null: the planner's default")  # type: ignore[valid-type]
+    plan_options: dict[str, OptionValue] = Field(default_factory=dict)
+    features: list[Literal["moe", "flash", "qat", "prune", "exit"]] = Field(
+        default_factory=list, max_length=5, description="model features to switch on"
+    )
+    steps: int = Field(default=3, ge=1, le=10_000, description="training steps to run")
+    optimizer: Literal["adamw", "sgd", "none"] = "adamw"
+    autocast_dtype: Literal["bfloat16", "float16"] | None = None
+    device: str | None = Field(
+        default=None, max_length=32, description="'cpu' or 'cuda[:i]'; null: the server's device"
+    )
+
+
+_JOB_RESPONSES = {
+    202: {"description": "accepted; poll the Location", "model": Job},
+    **problem_responses(401, 413, 422, 429),
+}
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=Job,
+    summary="Submit a validation run",
+    description="Answers 202 with `Location: /v1/runs/{id}`. The same `Idempotency-Key` with the "
+    "same body returns the same run (200 once finished); `Prefer: wait=N` waits up to N seconds "
+    "(at most 60) for it to finish.",
+    responses={200: {"description": "finished within the wait, or a replay", "model": Job}, **_JOB_RESPONSES},
+)
+async def create_run(
+    body: RunRequest,
+    store: StoreDep,
+    settings: SettingsDep,
+    idempotency_key: Annotated[str | None, Header()] = None,
+    prefer: Annotated[str | None, Header()] = None,
+) -> JSONResponse:
+    return await _jobs.submit(
+        kind="run", body=body, base_path="/v1/runs", store=store, settings=settings,
+        idempotency_key=idempotency_key, prefer=prefer,
+    )
+
+
+@router.get("", response_model=JobList, summary="List runs, newest first", responses=problem_responses(401, 422))
+def list_runs(
+    store: StoreDep,
+    state: Annotated[JobState | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    before: Annotated[float | None, Query(ge=0, allow_inf_nan=False, description="created_at cursor")] = None,
+) -> JobList:
+    return _jobs.list_jobs(store, kind="run", state=state, limit=limit, before=before)
+
+
+@router.get(
+    "/{run_id}", response_model=Job, summary="A run: state, progress, result or error",
+    responses=problem_responses(401, 404, 422),
+)
+def get_run(run_id: JobId, store: StoreDep) -> Job:
+    return _jobs.get_or_404(store, run_id, kind="run")
+
+
+@router.post(
+    "/{run_id}/cancel",
+    response_model=Job,
+    summary="Cancel a run (its process ends, freeing its device memory)",
+    description="200: cancelled (or already was); 202: running, asked to stop; 409: it finished.",
+    responses={202: {"description": "stopping", "model": Job}, **problem_responses(401, 404, 409, 422)},
+)
+def cancel_run(run_id: JobId, store: StoreDep) -> JSONResponse:
+    return _jobs.cancel(store, run_id, kind="run")
+
+
+@router.get(
+    "/{run_id}/events",
+    summary="Progress as server-sent events",
+    description="`text/event-stream`: `state`, `progress` and `log` events (with `id:` for "
+    "resuming through `Last-Event-ID`), then one `end` event with the finished run.",
+    response_class=StreamingResponse,
+    responses={
+        200: {"description": "the event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+        **problem_responses(401, 404, 422),
+    },
+)
+async def run_events(
+    run_id: JobId,
+    request: Request,
+    store: StoreDep,
+    settings: SettingsDep,
+    after: Annotated[int | None, Query(ge=0, description="resume after this event id")] = None,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    job = _jobs.get_or_404(store, run_id, kind="run")
+    start = _jobs.last_event_id(last_event_id, after)
+    return await _jobs.stream_events(request, store, job, after=start, settings=settings)

@@ -1,0 +1,74 @@
+"""Service settings, read from the environment (prefix `MEMPLAN_`, e.g. `MEMPLAN_API_KEY`)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    """Every knob of the service; each field is also the environment variable MEMPLAN_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="MEMPLAN_", extra="ignore")
+
+    host: str = Field(default="127.0.0.1", description="address `memplan serve` binds")
+    port: int = Field(default=8000, ge=0, le=65535, description="port `memplan serve` binds")
+    data_dir: Path = Field(default=Path(".memplan"), description="folder of the job store")
+    store_path: Path | None = Field(
+        default=None, description="SQLite job store; default: <data_dir>/jobs.sqlite"
+    )
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="when set, every /v1 call except healthz and readyz needs "
+        "`Authorization: Bearer <key>` or `X-API-Key: <key>`",
+    )
+    max_body_bytes: int = Field(default=16 << 20, ge=1024, description="larger bodies: 413")
+    max_stages: int = Field(default=20_000, ge=1, description="longest profile a plan accepts")
+    max_queue_depth: int = Field(
+        default=64, ge=1, description="queued plus running jobs before new ones get 429"
+    )
+    start_worker: bool = Field(
+        default=True, description="the API starts (and restarts) the job worker process itself"
+    )
+    heartbeat_s: float = Field(default=1.0, gt=0, description="worker heartbeat period")
+    worker_stale_s: float = Field(
+        default=5.0, gt=0, description="a worker silent this long counts as dead (readyz: 503)"
+    )
+    job_timeout_s: float = Field(default=6 * 3600, gt=0, description="a job running longer fails")
+    cancel_grace_s: float = Field(
+        default=5.0, ge=0, description="after SIGTERM, seconds before a cancelled job is killed"
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, description="starts of one job (re-queued when its worker died) before it fails"
+    )
+    device: str | None = Field(
+        default=None, description="device for profiles and runs ('cuda', 'cpu'); default: cuda if any"
+    )
+    run_job: str = Field(
+        default="service.jobs.kinds:run_job", description="'module:function' that executes a run"
+    )
+    profile_job: str = Field(
+        default="service.jobs.kinds:profile_job",
+        description="'module:function' that profiles a built-in model",
+    )
+    sse_poll_s: float = Field(default=0.2, gt=0, description="event stream polling period")
+    sse_keepalive_s: float = Field(default=15.0, gt=0, description="comment line when idle")
+    plan_cache_size: int = Field(
+        default=256, ge=0, description="identical plan requests answered from memory (0: off)"
+    )
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite file of the job store."""
+        return self.store_path if self.store_path is not None else self.data_dir / "jobs.sqlite"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings (read once from the environment)."""
+    return Settings()

@@ -1,0 +1,146 @@
+"""POST /v1/plans and /v1/plans/frontier against a live server: the library's answer, byte for
+byte, and every way a request can be wrong."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+import planner
+from tests.service.conftest import make_profile
+
+PROBLEM = "application/problem+json"
+
+
+def _problem(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(PROBLEM)
+    body = r.json()
+    assert body["status"] == status and body["title"] and body["detail"]
+    return body
+
+
+@pytest.mark.parametrize("strategy", list(planner.STRATEGIES))
+def test_plan_equals_library(client, gpt24, strategy):
+    budget = 3 << 30
+    r = client.post("/v1/plans", json={"profile": gpt24, "budget_bytes": budget, "strategy": strategy})
+    assert r.status_code == 200, r.text
+    expected = planner.plan(gpt24, budget_bytes=budget, strategy=strategy).model_dump(mode="json")
+    assert r.json() == expected
+
+
+def test_plan_default_strategy_and_options(client, profile):
+    r = client.post("/v1/plans", json={"profile": profile})
+    assert r.status_code == 200
+    assert r.json() == planner.plan(profile).model_dump(mode="json")
+    r = client.post("/v1/plans", json={"profile": profile, "strategy": "uniform", "options": {"k": 2}})
+    assert r.status_code == 200
+    assert r.json() == planner.plan(profile, strategy="uniform", k=2).model_dump(mode="json")
+    # the same request again comes from the cache and is identical
+    r2 = client.post("/v1/plans", json={"profile": profile, "strategy": "uniform", "options": {"k": 2}})
+    assert r2.content == r.content
+
+
+def test_infeasible_is_a_result_not_an_error(client, profile):
+    r = client.post("/v1/plans", json={"profile": profile, "budget_bytes": 1, "strategy": "sqrt"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["feasible"] is False and body["message"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda b: b["profile"]["layers"][2].__setitem__("saved_bytes", -5), "body.profile.layers.2.saved_bytes"),
+        (lambda b: b["profile"]["layers"][0].__setitem__("forward_s", float("nan")), "body.profile.layers.0.forward_s"),
+        (lambda b: b["profile"]["layers"][1].__setitem__("backward_s", float("inf")), "body.profile.layers.1.backward_s"),
+        (lambda b: b.__setitem__("budget_bytes", -1), "body.budget_bytes"),
+        (lambda b: b.__setitem__("budget_bytes", float("nan")), "body.budget_bytes"),
+        (lambda b: b.__setitem__("colour", "red"), "body.colour"),
+        (lambda b: b["profile"]["layers"][0].__setitem__("extra", 1), "body.profile.layers.0.extra"),
+        (lambda b: b["profile"].__setitem__("layers", []), "body.profile.layers"),
+        (lambda b: b.__setitem__("strategy", "fastest"), "body.strategy"),
+        (lambda b: b.pop("profile"), "body.profile"),
+    ],
+)
+def test_invalid_input_names_the_field(client, profile, mutate, field):
+    body = {"profile": profile, "budget_bytes": 10_000}
+    mutate(body)
+    # json.dumps writes NaN/Infinity literals, as a careless client would
+    r = client.post("/v1/plans", content=json.dumps(body), headers={"content-type": "application/json"})
+    problem = _problem(r, 422)
+    assert field in [e["field"] for e in problem["errors"]], problem
+    assert field in problem["detail"]
+
+
+def test_library_errors_are_422_naming_the_option(client, profile):
+    r = client.post("/v1/plans", json={"profile": profile, "strategy": "sqrt", "options": {"k": 3}})
+    problem = _problem(r, 422)
+    assert problem["errors"][0]["field"] == "body.options.k"
+    assert "takes no such option" in problem["detail"]
+
+
+def test_malformed_json(client):
+    r = client.post("/v1/plans", content=b'{"profile": ', headers={"content-type": "application/json"})
+    problem = _problem(r, 422)
+    assert "JSON" in problem["detail"]
+
+
+def test_stage_limit_and_body_limit(strict_server):
+    headers = {"X-API-Key": "s3cret"}
+    with httpx.Client(base_url=strict_server.url, headers=headers, timeout=30) as c:
+        ok = c.post("/v1/plans", json={"profile": make_profile(40)})
+        assert ok.status_code == 200
+        r = c.post("/v1/plans", json={"profile": make_profile(41)})
+        problem = _problem(r, 422)
+        assert problem["errors"][0]["field"] == "body.profile.layers"
+        big = {"profile": make_profile(30), "pad": "x" * (70 << 10)}
+        problem = _problem(c.post("/v1/plans", json=big), 413)
+        assert "65536" in problem["detail"]
+
+        def chunks():  # no Content-Length: the limit counts the bytes as they arrive
+            data = json.dumps(big).encode()
+            for i in range(0, len(data), 8192):
+                yield data[i : i + 8192]
+
+        r = c.post("/v1/plans", content=chunks(), headers={"content-type": "application/json"})
+        _problem(r, 413)
+        # the server is fine afterwards
+        assert c.get("/v1/healthz").status_code == 200
+
+
+def test_api_key(strict_server, profile):
+    url = strict_server.url
+    r = httpx.post(url + "/v1/plans", json={"profile": profile})
+    problem = _problem(r, 401)
+    assert "API key" in problem["detail"] and r.headers["www-authenticate"].startswith("Bearer")
+    _problem(httpx.post(url + "/v1/plans", json={"profile": profile}, headers={"X-API-Key": "nope"}), 401)
+    _problem(httpx.get(url + "/v1/runs", headers={"Authorization": "Bearer nope"}), 401)
+    _problem(httpx.get(url + "/v1/info"), 401)
+    assert httpx.post(
+        url + "/v1/plans", json={"profile": profile}, headers={"Authorization": "Bearer s3cret"}
+    ).status_code == 200
+    # probes stay open for the orchestrator
+    assert httpx.get(url + "/v1/healthz").status_code == 200
+    assert httpx.get(url + "/v1/readyz").status_code == 200
+
+
+def test_frontier(client, profile):
+    r = client.post("/v1/plans/frontier", json={"profile": profile})
+    if not hasattr(planner, "frontier"):
+        problem = _problem(r, 501)
+        assert "planner.frontier" in problem["detail"]
+        return
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    assert r.json() == json.loads(planner.frontier(profile).model_dump_json())
+    png = client.post("/v1/plans/frontier", json={"profile": profile}, headers={"Accept": "image/png"})
+    assert png.status_code == 200 and png.headers["content-type"] == "image/png"
+    assert png.content[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_frontier_not_acceptable(client, profile):
+    r = client.post("/v1/plans/frontier", json={"profile": profile}, headers={"Accept": "text/csv"})
+    problem = _problem(r, 406)
+    assert "image/png" in problem["detail"]
