@@ -1,0 +1,359 @@
+"""`run_plan`: run a plan's schedule for a few training steps, measure it, and prove it.
+
+NOTE [ What one run measures ]
+Each step runs the unplanned reference first (a deep copy of the stages: plain forward, one
+backward), then the planned schedule on the stages from the same RNG state, so both see the same
+dropout masks; their gradients are compared before either optimizer steps, and both optimizers
+step, so the two models stay in lockstep and their buffers and parameters are compared after the
+last step. Parameter gradients are allocated (zeros) before the first step and zeroed in place
+between steps, so the measured peak is the plan's, not the first step's gradient allocation.
+Memory is measured over the schedule of the last step (state warm: optimizer state, lazily
+initialised observers) with `profiler.memory.measure_memory` (exact allocation accounting on the
+CPU, `max_memory_allocated` after a reset on CUDA); time is the median over the other steps,
+without the memory profiler's overhead (the first step is left out when there are three or more).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from executor.compare import (
+    Diff,
+    buffers_of,
+    params_of,
+    reference_copy,
+    reference_forward,
+    tensor_diff,
+    tolerance_for,
+)
+from executor.guards import GUARDS
+from executor.report import ExecutorError, RunReport, StepRecord, error_pct
+from executor.runner import ScheduleRunner, value_bytes
+from planner.schema import Plan, PlanError
+from profiler.schema import Profile, load_profile
+
+__all__ = ["run_plan", "check_plan", "fixed_bytes_of", "make_optimizer"]
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def make_optimizer(params: list[nn.Parameter], optimizer: str | Callable) -> torch.optim.Optimizer | None:
+    """'adamw' (lr 1e-3), 'sgd' (lr 1e-2, momentum 0.9), 'none', or a callable params -> optimizer."""
+    trainable = [p for p in params if p.requires_grad]
+    if callable(optimizer):
+        return optimizer(trainable)
+    if optimizer == "adamw":
+        # foreach=False: the per-parameter loop, whose transient memory does not grow with the model
+        return torch.optim.AdamW(trainable, lr=1e-3, foreach=False)
+    if optimizer == "sgd":
+        return torch.optim.SGD(trainable, lr=1e-2, momentum=0.9, foreach=False)
+    if optimizer == "none":
+        return None
+    raise ExecutorError(
+        f"optimizer: unknown {optimizer!r}; use 'adamw', 'sgd', 'none' or a callable params -> optimizer"
+    )
+
+
+def fixed_bytes_of(stages: Sequence[nn.Module], opt: torch.optim.Optimizer | None) -> int:
+    """Bytes of the distinct storages of parameters, their gradients, buffers and optimizer state."""
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: Any) -> None:
+        nonlocal total
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            if st.data_ptr() not in seen and st.nbytes() > 0:
+                seen.add(st.data_ptr())
+                total += st.nbytes()
+
+    for p in params_of(stages):
+        add(p)
+        add(p.grad)
+    for b in buffers_of(stages):
+        add(b)
+    if opt is not None:
+        for state in opt.state.values():
+            for v in state.values():
+                add(v)
+    return total
+
+
+def check_plan(stages: Sequence[nn.Module], plan: Plan | dict | str,
+               profile: Profile | dict | str | None = None) -> tuple[Plan, Profile | None]:
+    """The plan (and profile), validated against the stages before anything runs.
+
+    Raises `ExecutorError` naming the field: a plan without a schedule, a stage count that differs
+    from the stages', a plan made for another profile (fingerprint), an invalid schedule."""
+    from planner.simulate import simulate
+
+    if not isinstance(stages, (list, tuple, nn.ModuleList, nn.Sequential)) or len(stages) == 0:
+        raise ExecutorError("stages: expected a non-empty sequence of nn.Module, run in order")
+    for k, stage in enumerate(stages):
+        if not isinstance(stage, nn.Module):
+            raise ExecutorError(f"stages[{k}]: expected an nn.Module, got {type(stage).__name__}")
+    try:
+        if isinstance(plan, str):
+            plan = Plan.model_validate_json(plan)
+        elif isinstance(plan, dict):
+            plan = Plan.model_validate(plan)
+    except (ValueError, PlanError) as err:
+        raise ExecutorError(f"plan: not a valid Plan ({str(err).splitlines()[0]})") from None
+    if not isinstance(plan, Plan):
+        raise ExecutorError(f"plan: expected a Plan, a dict or JSON text, got {type(plan).__name__}")
+    if not plan.schedule:
+        raise ExecutorError(f"plan: it has no schedule ({plan.message or 'infeasible'}); plan again "
+                            "with a larger budget or another strategy")
+    L = len(stages)
+    if plan.n_stages != L:
+        raise ExecutorError(
+            f"plan.n_stages: the plan is for {plan.n_stages} stages but the model has {L}; "
+            "plan the profile of this model"
+        )
+    prof = None
+    if profile is not None:
+        prof = load_profile(profile)
+        if prof.n_stages != L:
+            raise ExecutorError(
+                f"profile: it has {prof.n_stages} stages but the model has {L}; profile this model"
+            )
+        if plan.profile_fingerprint and plan.profile_fingerprint != prof.fingerprint():
+            raise ExecutorError(
+                f"plan.profile_fingerprint: {plan.profile_fingerprint} is not this profile's "
+                f"{prof.fingerprint()}: the plan was made for another model; plan this profile"
+            )
+        sim = simulate(prof, plan.schedule)
+    else:
+        dummy = Profile(input_bytes=0, layers=[
+            dict(name=f"s{i}", forward_s=0, backward_s=0, output_bytes=0, saved_bytes=0)
+            for i in range(1, L + 1)])
+        sim = simulate(dummy, plan.schedule)
+    if not sim.valid:
+        raise ExecutorError(f"plan.schedule: {sim.error}")
+    return plan, prof
+
+
+def _device_of(stages: Sequence[nn.Module], example_input: Any) -> torch.device:
+    for stage in stages:
+        for p in stage.parameters():
+            return p.device
+    if isinstance(example_input, torch.Tensor):
+        return example_input.device
+    return torch.device("cpu")
+
+
+def _rng_get(device: torch.device) -> tuple:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _rng_set(state: tuple, device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def _alloc_grads(stages: Sequence[nn.Module]) -> None:
+    for p in params_of(stages):
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+
+def _zero_grads(stages: Sequence[nn.Module]) -> None:
+    for p in params_of(stages):
+        if p.grad is not None:
+            p.grad.zero_()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_plan(
+    stages: Sequence[nn.Module],
+    example_input: Any,
+    plan: Plan | dict | str,
+    *,
+    steps: int = 3,
+    optimizer: str | Callable = "adamw",
+    autocast_dtype: torch.dtype | None = None,
+    profile: Profile | dict | str | None = None,
+    compare: bool = True,
+    features: Sequence[str] = (),
+    on_step: Callable[[int, int], None] | None = None,
+    guards: Sequence[str] = GUARDS,
+) -> RunReport:
+    """Run `plan`'s schedule over `stages` (the last returns the scalar loss) for `steps` training
+    steps on `example_input`, measure its peak (bytes) and time (seconds), and compare its
+    gradients, loss, buffers and parameters with the unplanned step from the same state.
+
+    `profile` (the one the plan was made from) enables the fingerprint check and the check of
+    every stage's output bytes; `autocast_dtype` runs forwards under autocast (float16 also scales
+    the loss with a GradScaler); `guards` are on by default (switch one off only to demonstrate
+    the trap it closes). Raises `ExecutorError` before anything runs when the plan does not
+    fit the model. Returns a `RunReport` (status 'mismatch' when a comparison is over tolerance).
+    """
+    plan, prof = check_plan(stages, plan, profile)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ExecutorError(f"steps: expected an integer of at least 1, got {steps!r}")
+    if autocast_dtype is not None and autocast_dtype not in (torch.bfloat16, torch.float16):
+        raise ExecutorError(
+            f"autocast_dtype: use torch.bfloat16, torch.float16 or None, got {autocast_dtype!r}"
+        )
+    stages = list(stages)
+    device = _device_of(stages, example_input)
+    dtype_name = _DTYPES[autocast_dtype] if autocast_dtype is not None else "float32"
+    ops = plan.ops()
+
+    _alloc_grads(stages)
+    opt = make_optimizer(params_of(stages), optimizer)
+    ref = ref_opt = None
+    if compare:
+        ref = reference_copy(stages)
+        _alloc_grads(ref)
+        ref_opt = make_optimizer(params_of(ref), optimizer)
+    scaler = ref_scaler = None
+    if autocast_dtype is torch.float16:
+        scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
+        ref_scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
+
+    runner = ScheduleRunner(stages, ops, device=device, autocast_dtype=autocast_dtype, guards=guards)
+    input_bytes = value_bytes(example_input)
+    records: list[StepRecord] = []
+    grad_diff = Diff()
+    loss_rel = 0.0
+    measured_peak = 0
+    timed: list[float] = []
+    mem_step = steps
+    time_steps = set(range(2, steps)) if steps >= 3 else set(range(1, steps)) or {1}
+
+    for step in range(1, steps + 1):
+        rng = _rng_get(device)
+        ref_loss = None
+        if ref is not None:
+            _zero_grads(ref)
+            loss_r, sizes = reference_forward(ref, example_input, autocast_dtype=autocast_dtype,
+                                              device=device)
+            if step == 1 and prof is not None:
+                for i, (got, layer) in enumerate(zip(sizes, prof.layers, strict=True), start=1):
+                    if got != layer.output_bytes:
+                        raise ExecutorError(
+                            f"profile.layers[{i - 1}].output_bytes: stage {i} ({layer.name}) "
+                            f"outputs {got} bytes here, the profile says {layer.output_bytes}; "
+                            "the plan was made for another model or input: profile this one"
+                        )
+            (ref_scaler.scale(loss_r) if ref_scaler else loss_r).backward()
+            ref_loss = float(loss_r.detach())
+            del loss_r
+            if ref_scaler:
+                ref_scaler.unscale_(ref_opt)
+            _rng_set(rng, device)
+
+        _zero_grads(stages)
+        runner.prepare()
+        scale = float(scaler.get_scale()) if scaler else None
+        _sync(device)
+        if step == mem_step:
+            from profiler.memory import measure_memory
+
+            with measure_memory(device) as meter:
+                loss = runner.step(example_input, loss_scale=scale)
+            measured_peak = meter.peak_bytes + input_bytes
+            seconds = 0.0
+        else:
+            t0 = time.perf_counter()
+            loss = runner.step(example_input, loss_scale=scale)
+            _sync(device)
+            seconds = time.perf_counter() - t0
+            if step in time_steps:
+                timed.append(seconds)
+        if scaler:
+            scaler.unscale_(opt)
+        loss_f = float(loss)
+        rec = StepRecord(step=step, loss=loss_f, reference_loss=ref_loss, schedule_s=seconds)
+        if ref is not None:
+            d = tensor_diff((p.grad, q.grad) for p, q in zip(params_of(stages), params_of(ref),
+                                                             strict=True))
+            grad_diff = grad_diff.merge(d)
+            rec.grad_max_abs_diff, rec.grad_max_rel_diff = d.max_abs, d.max_rel
+            lr = tensor_diff([(loss.reshape(1), torch.tensor([ref_loss], dtype=loss.dtype))])
+            loss_rel = max(loss_rel, lr.max_rel)
+        records.append(rec)
+        if opt is not None:
+            if scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+        if ref_opt is not None:
+            if ref_scaler:
+                ref_scaler.step(ref_opt)
+                ref_scaler.update()
+            else:
+                ref_opt.step()
+        if on_step is not None:
+            on_step(step, steps)
+
+    tol = tolerance_for(dtype_name)
+    buf_diff = param_diff = None
+    problems: list[str] = []
+    if ref is not None:
+        buf_diff = tensor_diff(zip(buffers_of(stages), buffers_of(ref), strict=True))
+        param_diff = tensor_diff(zip(params_of(stages), params_of(ref), strict=True))
+        if grad_diff.max_rel > tol:
+            problems.append(f"gradients differ from the unplanned step (rel {grad_diff.max_rel:.3g} > {tol:.3g})")
+        if buf_diff.max_rel > tol:
+            problems.append(f"buffers differ from the unplanned run (rel {buf_diff.max_rel:.3g})")
+        if param_diff.max_rel > tol:
+            problems.append(f"parameters differ after {steps} steps (rel {param_diff.max_rel:.3g})")
+        if loss_rel > tol:
+            problems.append(f"loss differs (rel {loss_rel:.3g})")
+        message = "; ".join(problems) or (
+            "gradients, loss, buffers and parameters bitwise equal to the unplanned run"
+            if grad_diff.bitwise and buf_diff.bitwise and param_diff.bitwise and loss_rel == 0
+            else f"within tolerance {tol:.3g} of the unplanned run")
+    else:
+        message = "not compared with the unplanned step (compare=False)"
+
+    pred = plan.predicted
+    measured_time = statistics.median(timed) if timed else records[-1].schedule_s
+    return RunReport(
+        status="mismatch" if problems else "ok",
+        message=message,
+        strategy=plan.strategy,
+        n_stages=len(stages),
+        steps=steps,
+        device=str(device),
+        dtype=dtype_name,
+        optimizer=optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "custom"),
+        features=list(features),
+        predicted_peak_bytes=pred.peak_bytes if pred else None,
+        measured_peak_bytes=measured_peak,
+        peak_error_pct=error_pct(measured_peak, pred.peak_bytes if pred else None),
+        predicted_time_s=pred.time_s if pred else None,
+        measured_time_s=measured_time,
+        time_error_pct=error_pct(measured_time, pred.time_s if pred else None),
+        predicted_overhead=pred.overhead if pred else None,
+        measured_fixed_bytes=fixed_bytes_of(stages, opt),
+        predicted_fixed_bytes=prof.fixed_bytes if prof else None,
+        loss=records[0].loss,
+        reference_loss=records[0].reference_loss,
+        grad_max_abs_diff=grad_diff.max_abs if ref is not None else None,
+        grad_max_rel_diff=grad_diff.max_rel if ref is not None else None,
+        buffer_max_abs_diff=buf_diff.max_abs if buf_diff else None,
+        param_max_abs_diff=param_diff.max_abs if param_diff else None,
+        tolerance=tol,
+        forward_counts=runner.counts,
+        guard_notes=runner.guards.notes(),
+        step_records=records,
+    )

@@ -1,0 +1,201 @@
+"""The schedule runner: executes a plan's op list exactly as ../shared/docs/chain-model.md defines it.
+
+NOTE [ Ops in PyTorch ]
+- `F i`: stage i under `torch.no_grad()`; its output becomes a_i.
+- `R i`: stage i with autograd recording, from a detached alias of a_{i-1} whose floating tensors
+  require grad (integer token inputs are left as they are: they need no gradient, which is why
+  reentrant checkpointing, which reads gradients off its inputs, silently yields none for them).
+  The record (the input alias and the autograd edges of the output, not the output tensor) is
+  kept; a_i is a detached alias of the output, so the record adds exactly s_i bytes and `drop i`
+  frees a_i even while record i is live.
+- `drop i`: release a_i (the last reference, unless a record pins it, which the rules forbid).
+- `loss`: seed d_L (ones, or the gradient scaler's scale).
+- `B i`: autograd backward through record i with d_i; d_{i-1} is the gradient accumulated on the
+  record's input alias. The record's saved tensors and d_i are freed.
+Every stage's graph is cut at its input, so any valid schedule, one-level or multi-level,
+persistent or not, runs as written and its memory follows the replay's counting. The stage
+values a_i may be a tensor or a (nested) tuple, list or dict of tensors; gradients flow through
+their floating tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd.graph import get_gradient_edge
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from executor.guards import GUARDS, StageGuards
+from executor.report import ExecutorError
+from planner.schema import Op
+
+__all__ = ["ScheduleRunner", "forward_counts", "value_bytes"]
+
+
+def value_bytes(value: Any) -> int:
+    """Bytes of the distinct storages of the tensors in a stage value (a tensor or a tree)."""
+    flat, _ = tree_flatten(value)
+    seen: set[int] = set()
+    total = 0
+    for t in flat:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            key = st.data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += st.nbytes()
+    return total
+
+
+def forward_counts(ops: Sequence[Op], n_stages: int) -> list[int]:
+    """Per stage 1..L: how many forwards (F or R) the schedule runs."""
+    counts = [0] * n_stages
+    for op in ops:
+        if op[0] in ("F", "R"):
+            counts[op[1] - 1] += 1  # type: ignore[misc]
+    return counts
+
+
+def _alias(value: Any, *, requires_grad: bool) -> Any:
+    """Detached aliases (same storage) of the tensors in `value`; floating ones require grad."""
+    flat, spec = tree_flatten(value)
+    out = []
+    for t in flat:
+        if isinstance(t, torch.Tensor):
+            t = t.detach()
+            if requires_grad and (t.is_floating_point() or t.is_complex()):
+                t.requires_grad_(True)
+        out.append(t)
+    return tree_unflatten(out, spec)
+
+
+def _edges(out: Any) -> list:
+    """The autograd edges of a recorded output's tensors (None where no gradient flows).
+
+    The record keeps these, not the output tensors: the output's storage is a_i, which `drop i`
+    must be able to free before `B i` (the chain model counts a_i apart from the record)."""
+    flat, _ = tree_flatten(out)
+    return [get_gradient_edge(t) if isinstance(t, torch.Tensor) and t.requires_grad else None
+            for t in flat]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class ScheduleRunner:
+    """Runs one training step of `stages` by the op list `ops` (validated against the chain)."""
+
+    def __init__(
+        self,
+        stages: Sequence[nn.Module],
+        ops: Sequence[Op],
+        *,
+        device: torch.device,
+        autocast_dtype: torch.dtype | None = None,
+        guards: Sequence[str] = GUARDS,
+    ) -> None:
+        self.stages = list(stages)
+        self.ops = [tuple(op) for op in ops]
+        self.L = len(self.stages)
+        self.device = device
+        self.autocast_dtype = autocast_dtype
+        self.counts = forward_counts(self.ops, self.L)
+        self.guards = StageGuards(self.stages, self.counts, device=device, enabled=guards)
+        self.op_seconds: list[float] = []
+        self._loss_buf: torch.Tensor | None = None
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def prepare(self) -> None:
+        """Call before each step, outside any memory measurement."""
+        self.guards.prepare()
+        if self._loss_buf is None:
+            self._loss_buf = torch.empty((), dtype=torch.float32, device=self.device)
+
+    def step(self, example_input: Any, *, loss_scale: float | None = None,
+             time_ops: bool = False, op_context: Callable[[int, Op], Any] | None = None
+             ) -> torch.Tensor:
+        """Run the schedule once; parameter gradients accumulate into `.grad`.
+
+        Returns the (detached) loss a_L. With `time_ops`, `op_seconds` holds each op's seconds;
+        `op_context(k, op)`, a context manager factory, wraps each op (e.g. to measure it)."""
+        L = self.L
+        act: list[Any] = [None] * (L + 1)
+        act[0] = example_input
+        rec: dict[int, tuple[Any, Any]] = {}
+        grad: list[Any] = [None] * (L + 1)  # d_i: flat list aligned with a_i's leaves
+        loss: torch.Tensor | None = None
+        self.op_seconds = []
+        for k, op in enumerate(self.ops):
+            with op_context(k, op) if op_context else contextlib.nullcontext():
+                loss = self._op(k, op, act, rec, grad, loss, loss_scale, time_ops)
+        self.guards.flush()
+        if loss is None:
+            raise ExecutorError("schedule: it has no ['loss'] op")
+        return loss.detach().clone()
+
+    def _op(self, k: int, op: Op, act: list, rec: dict, grad: list, loss: Any,
+            loss_scale: float | None, time_ops: bool) -> Any:
+        L = self.L
+        t0 = time.perf_counter() if time_ops else 0.0
+        name = op[0]
+        if name in ("F", "R"):
+            i = op[1]
+            if act[i - 1] is None:
+                raise ExecutorError(f"schedule[{k}] {list(op)}: its input a_{i - 1} is not live")
+            stage = self.stages[i - 1]
+            with self.guards.forward(i), self._autocast():
+                if name == "F":
+                    with torch.no_grad():
+                        out = stage(act[i - 1])
+                    act[i] = out
+                else:
+                    inp = _alias(act[i - 1], requires_grad=True)
+                    with torch.enable_grad():
+                        out = stage(inp)
+                    rec[i] = (inp, _edges(out))
+                    act[i] = _alias(out, requires_grad=False)
+            del out
+        elif name == "drop":
+            act[op[1]] = None
+        elif name == "loss":
+            a_L = act[L]
+            if not isinstance(a_L, torch.Tensor) or a_L.numel() != 1 or not a_L.is_floating_point():
+                raise ExecutorError(
+                    "stages: the last stage must return the scalar loss (a floating tensor with "
+                    f"one element), got {type(a_L).__name__}"
+                    + (f" of shape {tuple(a_L.shape)}" if isinstance(a_L, torch.Tensor) else "")
+                )
+            # the loss value goes to a buffer kept across steps (allocated in `prepare`), so that `drop L` frees a_L as the chain model says
+            if self._loss_buf is None or self._loss_buf.dtype != a_L.dtype:
+                self._loss_buf = torch.empty((), dtype=a_L.dtype, device=a_L.device)
+            self._loss_buf.copy_(a_L.detach().reshape(()))
+            loss = self._loss_buf
+            seed = torch.ones_like(a_L) if loss_scale is None else torch.full_like(a_L, loss_scale)
+            grad[L] = [seed]
+        else:  # "B"
+            i = op[1]
+            inp, edges = rec.pop(i)
+            pairs = [(e, g) for e, g in zip(edges, grad[i], strict=True)
+                     if e is not None and g is not None]
+            if pairs:
+                torch.autograd.backward([e for e, _ in pairs], [g for _, g in pairs])
+            del pairs, edges
+            grad[i] = None
+            flat_in, _ = tree_flatten(inp)
+            grad[i - 1] = [t.grad if isinstance(t, torch.Tensor) else None for t in flat_in]
+            del inp, flat_in
+        if time_ops:
+            _sync(self.device)
+            self.op_seconds.append(time.perf_counter() - t0)
+        return loss
