@@ -74,8 +74,13 @@ def run_one(store: JobStore, job_id: str, settings: Settings) -> JobState:
         fn = import_object(path)
         result = _as_json(fn(job.request, ctx))
     except JobCancelled:
-        store.finish(job_id, JobState.cancelled, message="cancelled")
-        return JobState.cancelled
+        current = store.get(job_id)
+        if current is not None and current.cancel_requested:
+            store.finish(job_id, JobState.cancelled, message="cancelled")
+            return JobState.cancelled
+        # stopped because the worker is shutting down: leave the job running for the worker to
+        # give back to the queue
+        return JobState.running
     except (ValueError, KeyError) as err:
         # the library's input errors (PlanError, ProfileError, ExecutorError are ValueErrors)
         store.finish(
