@@ -20,6 +20,7 @@ from planner.scaling.errors import ScalingError
 from planner.scaling.fit import FitPrediction, FitResult, fit_law
 from planner.scaling.inference import InferenceSizing, inference_aware
 from planner.scaling.laws import DEFAULT_LAW, LAWS, Law, get_law, parametric_law
+from planner.scaling.memory_aware import MemorySizing, memory_aware_size
 from planner.scaling.queries import (
     Sizing,
     cheapest_for_loss,
@@ -28,6 +29,7 @@ from planner.scaling.queries import (
     optimal_loss,
 )
 from planner.scaling.runs import Runs, load_runs
+from planner.scaling.shapes import GPTShape, gpt_shape, shape_for_layers
 
 __all__ = [
     "DEFAULT_LAW",
@@ -52,5 +54,10 @@ __all__ = [
     "FitResult",
     "FitPrediction",
     "fit_law",
+    "MemorySizing",
+    "memory_aware_size",
+    "GPTShape",
+    "gpt_shape",
+    "shape_for_layers",
     "ScalingError",
 ]

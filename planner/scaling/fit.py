@@ -425,7 +425,6 @@ def _coarse_starts(d: _Data, W: np.ndarray, spec: _Spec, grid: np.ndarray = _COA
         target = 1.0 - fixed_E * invL
     Z = np.stack(cols, axis=2)  # [K, n, p]
     Z = Z / (np.sqrt((Z * Z).mean(axis=1)) + 1e-300)[:, None, :]
-    scale = None
     p = Z.shape[2]
     ZZ = (Z[:, :, :, None] * Z[:, :, None, :]).reshape(K, n, p * p)  # [K, n, p*p]
     Zt = Z * target[None, :, None]  # [K, n, p]
@@ -436,7 +435,6 @@ def _coarse_starts(d: _Data, W: np.ndarray, spec: _Spec, grid: np.ndarray = _COA
         coef = np.linalg.solve(M, v[..., None])[..., 0]  # [K, b, p]
         r = Z @ coef.transpose(0, 2, 1) - target[None, :, None]  # [K, n, b]
         hw = W[None] * np.minimum(1.0, HUBER_DELTA / np.maximum(np.abs(r), 1e-300)).transpose(0, 2, 1)
-    del scale
     # undo the column scaling to get (E, A, B), then score each cell exactly in log space
     raw = np.stack(cols, axis=2)
     sc = np.sqrt((raw * raw).mean(axis=1)) + 1e-300  # [K, p]

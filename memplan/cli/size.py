@@ -1,0 +1,240 @@
+"""`memplan size` (compute-optimal sizing by a scaling law) and `memplan fit` (fit a law to runs)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memplan.cli._app import app, console, echo_json, user_errors
+
+_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
+_NUMBER = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtTpP]?)\s*$")
+
+
+def parse_count(text: str | None, *, field: str) -> float | None:
+    """A positive count from '5.76e23', '70B', '1.4T' (K, M, B/G, T, P suffixes); None passes."""
+    if text is None:
+        return None
+    m = _NUMBER.match(str(text))
+    if not m:
+        raise ValueError(f"{field}: cannot read {text!r} as a number; write e.g. 5.76e23, 70B or 1.4T")
+    value = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
+    if value <= 0:
+        raise ValueError(f"{field}: must be greater than 0, got {text}")
+    return value
+
+
+def _progress(label: str):
+    """A rich progress bar on stderr (shown only on a terminal) and its callback."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    bar = Progress(
+        f"[bold]{label}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty(),
+    )
+    task = bar.add_task(label, total=None)
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total or None)
+
+    return bar, update
+
+
+def _fmt(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "-"
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}{unit}"
+    return f"{x:.4g}{unit}"
+
+
+def _print_sizing(s) -> None:
+    from rich.table import Table
+
+    out = console()
+    table = Table(title=f"{s.query} sizing ({s.law} law)", show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("", justify="right")
+    table.add_row("parameters", _fmt(s.params))
+    table.add_row("tokens", _fmt(s.tokens))
+    table.add_row("tokens per parameter", f"{s.tokens_per_param:.3g}")
+    table.add_row("training FLOPs", f"{s.flops:.4g}")
+    table.add_row("loss (nats/token)", "-" if s.loss is None else f"{s.loss:.5g}")
+    extra = s.model_dump()
+    base = {"query", "law", "params", "tokens", "loss", "tokens_per_param", "flops", "warnings"}
+    for key, val in extra.items():
+        if key in base or val is None or isinstance(val, (list, dict)):
+            continue
+        text = f"{val:.4g}" if isinstance(val, float) else str(val)
+        table.add_row(key.replace("_", " "), text)
+    out.print(table)
+    for w in s.warnings:
+        out.print(f"[yellow]warning:[/yellow] {w}")
+    for note in getattr(s, "notes", []):
+        out.print(f"note: {note}")
+
+
+@app.command("size")
+@user_errors
+def size_cmd(
+    compute: Annotated[str | None, typer.Option(help="training FLOPs, e.g. 5.76e23")] = None,
+    params: Annotated[str | None, typer.Option(help="model size N (e.g. 70B): its D_opt and C")] = None,
+    loss: Annotated[float | None, typer.Option(help="target loss: the cheapest (N, D) reaching it")] = None,
+    inference_tokens: Annotated[
+        str | None, typer.Option(help="tokens served after training (Sardana and Frankle 2023); "
+                                 "with --compute or --loss")
+    ] = None,
+    unique_tokens: Annotated[
+        str | None, typer.Option(help="unique tokens available (Muennighoff et al. 2023); with "
+                                 "--compute, or with --params and --tokens for the loss")
+    ] = None,
+    tokens: Annotated[str | None, typer.Option(help="training tokens (with --params --unique-tokens)")] = None,
+    memory: Annotated[
+        str | None, typer.Option(help="device memory (e.g. 141GB): the largest compute-optimal "
+                                 "model whose training step fits, planned")
+    ] = None,
+    devices: Annotated[int, typer.Option(help="devices (with --memory)")] = 1,
+    seq_len: Annotated[int, typer.Option(help="sequence length (with --memory)")] = 2048,
+    micro_batch: Annotated[int, typer.Option(help="sequences per device per step (with --memory)")] = 1,
+    peak_tflops: Annotated[
+        float | None, typer.Option(help="device peak TFLOP/s for the time estimate (default: by --device)")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="device name, e.g. H100, H200, A100-80GB")] = None,
+    utilization: Annotated[float, typer.Option(help="fraction of peak FLOP/s achieved")] = 0.4,
+    strategy: Annotated[str, typer.Option(help="checkpoint strategy (with --memory)")] = "optimal",
+    law: Annotated[
+        str | None, typer.Option(help="epoch (default), hoffmann, hoffmann-tex, muennighoff "
+                                 "(default with --unique-tokens), approach1")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Size a model by a scaling law: compute -> (N, D, loss), N -> (D, C), loss -> cheapest (N, D);
+    inference-aware, data-constrained or memory-aware with the options."""
+    from planner import scaling
+
+    C = parse_count(compute, field="--compute")
+    N = parse_count(params, field="--params")
+    D = parse_count(tokens, field="--tokens")
+    U = parse_count(unique_tokens, field="--unique-tokens")
+    D_inf = parse_count(inference_tokens, field="--inference-tokens")
+    if memory is not None:
+        from memplan.units import parse_bytes
+        from planner.scaling.memory_aware import memory_aware_size
+
+        bar, update = _progress("planning candidate sizes")
+        with bar:
+            result = memory_aware_size(
+                parse_bytes(memory, field="--memory"), n_devices=devices, law=law,
+                seq_len=seq_len, micro_batch=micro_batch, device=device,
+                peak_flops=None if peak_tflops is None else peak_tflops * 1e12,
+                utilization=utilization, strategy=strategy, progress=update,
+            )
+    elif U is not None:
+        if C is not None:
+            result = scaling.data_constrained_optimal(C, U, law=law)
+        elif N is not None and D is not None:
+            result = scaling.data_constrained_loss(N, D, U, law=law)
+        else:
+            raise ValueError("--unique-tokens: give --compute (the best N, D) or --params and "
+                             "--tokens (their loss)")
+    elif D_inf is not None:
+        if (C is None) == (loss is None):
+            raise ValueError("--inference-tokens: give one of --compute or --loss as the loss to reach")
+        result = scaling.inference_aware(D_inf, target_loss=loss, flops=C, law=law)
+    else:
+        given = [k for k, v in (("--compute", C), ("--params", N), ("--loss", loss)) if v is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "size: give exactly one of --compute, --params or --loss"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        if C is not None:
+            result = scaling.compute_optimal(C, law=law)
+        elif N is not None:
+            result = scaling.optimal_for_params(N, law=law)
+        else:
+            result = scaling.cheapest_for_loss(loss, law=law)  # type: ignore[arg-type]
+    if json_out:
+        echo_json(result)
+    else:
+        _print_sizing(result)
+
+
+@app.command("fit")
+@user_errors
+def fit_cmd(
+    runs: Annotated[Path, typer.Argument(help="runs: CSV or JSON with params, tokens (or flops), loss")],
+    bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for the intervals (0: none)")] = 0,
+    seed: Annotated[int, typer.Option(help="seed of the bootstrap")] = 0,
+    confidence: Annotated[float, typer.Option(help="interval coverage")] = 0.95,
+    compute: Annotated[
+        list[str] | None, typer.Option(help="FLOPs to predict N_opt, D_opt, loss at (repeatable)")
+    ] = None,
+    method: Annotated[str, typer.Option(help="varpro (fast global search) or grid (Epoch's 4500 "
+                                        "starts)")] = "varpro",
+    alpha_equals_beta: Annotated[bool, typer.Option(help="fit one exponent for N and D")] = False,
+    fixed_e: Annotated[float | None, typer.Option("--fixed-E", help="hold E at this value")] = None,
+    drop_highest_loss: Annotated[int, typer.Option(help="leave out the k runs of highest loss")] = 0,
+    params_column: Annotated[str, typer.Option(help="column holding N")] = "params",
+    tokens_column: Annotated[str, typer.Option(help="column holding D")] = "tokens",
+    flops_column: Annotated[str, typer.Option(help="column holding 6 N D (if no tokens)")] = "flops",
+    loss_column: Annotated[str, typer.Option(help="column holding the final loss")] = "loss",
+    plot: Annotated[Path | None, typer.Option(help="write a plot of the runs and the fit here")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the fit as JSON")] = False,
+) -> None:
+    """Fit L = E + A/N^alpha + B/D^beta to RUNS (Huber on log loss, global search, bootstrap)."""
+    from planner.scaling import fit_law, load_runs
+
+    data = load_runs(runs, columns={"params": params_column, "tokens": tokens_column,
+                                    "flops": flops_column, "loss": loss_column})
+    if drop_highest_loss < 0:
+        raise ValueError("--drop-highest-loss: must be at least 0")
+    data = data.drop_highest_loss(drop_highest_loss)
+    flops = [parse_count(c, field="--compute") for c in (compute or [])]
+    bar, update = _progress("bootstrap" if bootstrap else "fit")
+    with bar:
+        result = fit_law(data, method=method, alpha_equals_beta=alpha_equals_beta, fixed_E=fixed_e,
+                         bootstrap=bootstrap, seed=seed, confidence=confidence, flops=flops,
+                         progress=update)
+    if plot is not None:
+        from planner.scaling.plot import plot_fit
+
+        plot_fit(data, result, plot)
+    if json_out:
+        echo_json(result)
+        return
+    _print_fit(result, plot)
+
+
+def _print_fit(f, plot: Path | None) -> None:
+    from rich.table import Table
+
+    out = console()
+    table = Table(title=f"fit to {f.n_runs} runs ({f.method}, Huber delta {f.huber_delta:g})")
+    table.add_column("coefficient")
+    table.add_column("value", justify="right")
+    if f.intervals:
+        table.add_column(f"{f.confidence:.0%} interval ({f.n_bootstrap} resamples)", justify="right")
+    for k in ("E", "A", "B", "alpha", "beta", "params_exponent"):
+        row = [k, f"{getattr(f, k):.5g}"]
+        if f.intervals:
+            lo, hi = f.intervals[k]
+            row.append(f"{lo:.4g} .. {hi:.4g}")
+        table.add_row(*row)
+    out.print(table)
+    for p in f.predictions:
+        iv = ""
+        if p.params_interval:
+            iv = f" ({_fmt(p.params_interval[0])} .. {_fmt(p.params_interval[1])})"
+        out.print(f"at {p.flops:.3g} FLOPs: N_opt {_fmt(p.params)}{iv}, D_opt {_fmt(p.tokens)}, "
+                  f"{p.tokens_per_param:.3g} tokens/param, loss {p.loss:.4g}")
+    for w in f.warnings:
+        out.print(f"[yellow]warning:[/yellow] {w}")
+    if plot is not None:
+        out.print(f"plot written to {plot}")
