@@ -8,6 +8,14 @@ bytes allocated above the level at entry, and its running maximum the peak, exac
 On CUDA the caching allocator's own counters (`max_memory_allocated` after a reset) give the same
 two numbers. The profiler's native start/stop lines go to stderr; they are silenced here because
 they are noise in a CLI.
+
+The profiler knows the size of a block only if it saw the allocation: freeing a tensor allocated
+before the block is not recorded at all (PyTorch warns "Memory block of unknown size was allocated
+before the profiling started"). So measure a forward and its backward in one block, and split it
+with `meter.mark(label)`: on the CPU a mark allocates and frees a sentinel of a size no tensor
+has, which shows where the phase starts in the event stream (and is left out of the counts); on
+CUDA it reads and resets the allocator's counters. `meter.phases[label]` then gives the level at
+the phase's start, its peak and its end, all relative to the block's start.
 """
 
 from __future__ import annotations
@@ -15,11 +23,23 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["MemoryMeter", "measure_memory"]
+__all__ = ["MemoryMeter", "Phase", "measure_memory"]
+
+_SENTINEL_BASE = 7_340_033  # odd sizes no tensor storage of ours has; one per mark
+_FIRST = "start"
+
+
+@dataclass
+class Phase:
+    """Bytes of one phase of a `measure_memory` block, relative to the block's start."""
+
+    start_bytes: int = 0  # allocated level when the phase began
+    peak_bytes: int = 0  # largest allocated level during the phase
+    end_bytes: int = 0  # allocated level when it ended
 
 
 @dataclass
@@ -30,6 +50,25 @@ class MemoryMeter:
     peak_bytes: int = 0  # largest allocated level above the start level
     end_bytes: int = 0  # allocated level at the end, above the start level (may be negative)
     start_bytes: int = 0  # absolute allocated level at the start (CUDA only; 0 on the CPU)
+    phases: dict[str, Phase] = field(default_factory=dict)  # by label; the first is "start"
+    _labels: list[str] = field(default_factory=list, repr=False)
+    _cuda_marks: list[tuple[int, int]] = field(default_factory=list, repr=False)
+
+    def mark(self, label: str) -> None:
+        """End the current phase and start one named `label` (unique within the block)."""
+        if label in self._labels or label == _FIRST:
+            raise ValueError(f"label: phase {label!r} already exists; give each mark a new label")
+        dev = torch.device(self.device)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            self._cuda_marks.append(
+                (torch.cuda.memory_allocated(dev), torch.cuda.max_memory_allocated(dev))
+            )
+            torch.cuda.reset_peak_memory_stats(dev)
+        else:
+            sentinel = torch.empty(_SENTINEL_BASE + 2 * len(self._labels), dtype=torch.uint8)
+            del sentinel
+        self._labels.append(label)
 
 
 @contextlib.contextmanager
@@ -64,8 +103,13 @@ def measure_memory(device: str | torch.device = "cpu") -> Iterator[MemoryMeter]:
         yield meter
         torch.cuda.synchronize(dev)
         meter.start_bytes = start
-        meter.peak_bytes = torch.cuda.max_memory_allocated(dev) - start
-        meter.end_bytes = torch.cuda.memory_allocated(dev) - start
+        marks = [*meter._cuda_marks, (torch.cuda.memory_allocated(dev), torch.cuda.max_memory_allocated(dev))]
+        level = 0
+        for label, (now, peak) in zip([_FIRST, *meter._labels], marks, strict=True):
+            meter.phases[label] = Phase(level, peak - start, now - start)
+            level = now - start
+        meter.peak_bytes = max(p.peak_bytes for p in meter.phases.values())
+        meter.end_bytes = level
         return
     if dev.type != "cpu":
         raise ValueError(f"device: memory accounting supports 'cpu' and 'cuda', not {dev.type!r}")
@@ -79,9 +123,35 @@ def measure_memory(device: str | torch.device = "cpu") -> Iterator[MemoryMeter]:
     finally:
         with _quiet_native_stderr():
             prof.__exit__(None, None, None)
+    sentinels = {_SENTINEL_BASE + 2 * k: label for k, label in enumerate(meter._labels)}
+    cpu = torch._C._autograd.DeviceType.CPU
+    deltas = [
+        e.nbytes()
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == cpu
+    ]
     level = peak = 0
-    for event in prof.profiler.kineto_results.events():
-        if event.name() == "[memory]" and event.device_type() == torch._C._autograd.DeviceType.CPU:
-            level += event.nbytes()
-            peak = max(peak, level)
+    phase = Phase()
+    label = _FIRST
+    k = 0
+    while k < len(deltas):
+        d = deltas[k]
+        if d in sentinels and k + 1 < len(deltas) and deltas[k + 1] == -d:
+            phase.peak_bytes, phase.end_bytes = max(phase.peak_bytes, level), level
+            meter.phases[label] = phase
+            label = sentinels.pop(d)
+            phase = Phase(level, level, level)
+            k += 2
+            continue
+        level += d
+        peak = max(peak, level)
+        phase.peak_bytes = max(phase.peak_bytes, level)
+        k += 1
+    phase.end_bytes = level
+    meter.phases[label] = phase
+    if sentinels:
+        raise RuntimeError(
+            f"memory accounting: the marks {sorted(sentinels.values())} were not found in the "
+            "profiler's events; mark only inside the measure_memory block"
+        )
     meter.peak_bytes, meter.end_bytes = peak, level

@@ -1,0 +1,351 @@
+"""Profiles from shapes alone: the GPT family and the ResNet-like chain, for models far larger
+than the machine at hand. No torch import: planning and sizing stay instant and run anywhere.
+
+NOTE [ What PyTorch saves in a GPT block ]
+The per-stage `saved_bytes` below are not a rule of thumb: they list, tensor by tensor, what
+autograd keeps in PyTorch 2.x for the modules of `profiler.models.gpt`, and the tests check them
+byte for byte against `profile_chain` on the CPU. With B batch, T sequence, C width, H heads,
+e the element size of the compute dtype (4 fp32, 2 bf16), per block (dropout 0):
+
+    LayerNorm x2        input of ln_2 (the residual stream after attention)    e BTC
+                        normalised outputs (inputs of c_attn and c_fc)        2 e BTC
+                        mean and rstd, 2 per LayerNorm                        4 s BT
+    attention, flash    q, k, v: the c_attn output (one storage)              3 e BTC
+                        the output (which is also c_proj's input)               e BTC
+                        logsumexp, fp32                                        4 BHT
+    attention, math     q (scaled), k^T, v as fresh copies                    3 m BTC
+                        softmax probabilities                                   m BHT^2
+                        c_proj's input (the transposed output made contiguous)  e BTC
+    MLP                 c_fc output (GELU's input), GELU output (c_proj input) 8 e BTC
+
+where s (the LayerNorm statistics) is e on the CPU and 4 on a GPU, and m (the math path's
+precision) is 4 on the CPU for 16-bit inputs (PyTorch upcasts there) and e otherwise. Dense flash:
+    s_block = 15 e BTC + 4 s BT + 4 BHT,
+against Korthikanti et al. 2022 ("Reducing activation recomputation in large transformer
+models", eq. 2), per layer s b h (34 + 5 a s / h) bytes for 16-bit Megatron: 34 = 2 x 17 hidden
+states of 2 bytes, counting QKV's and the MLP's inputs separately, GELU's input at 4h x 2 bytes,
+and 1-byte dropout masks (attention, attention output, MLP output: 3 bytes per element; 5 a s / h
+= the attention scores 2 s^2 a, softmax output 2, dropout mask 1). Ours differs because: (1)
+with dropout 0 no masks are saved (-3 BTC bytes, and no T^2 mask); (2) flash attention keeps no
+T x T tensor at all (the 5 a s / h term vanishes; a 4 BHT logsumexp remains); (3) PyTorch's
+Linear saves its input once per storage, so q, k, v share the c_attn output (3 e BTC), whereas
+Megatron counts the QKV input (e BTC) and the attention inputs separately; (4) the block's input
+is pinned by the chain (a_{i-1}) and its output is a_i, so neither is counted in s_i; (5) the
+LayerNorm statistics are small but counted. `korthikanti_block_bytes` gives their number for
+comparison.
+
+NOTE [ Mixture of experts ]
+With experts every shape is static because each expert works on a fixed `capacity` =
+ceil(capacity_factor * B T * k / E) slots (empty slots are zeros), so the bytes below are exact
+for any routing, tokens dropped or not. Per MoE feed-forward (N = BT tokens, A = N k
+assignments, E experts, cap slots each), replacing the MLP's 8 e BTC:
+    router: logits (fp32) 4 NE, probabilities 4 NE, logsumexp 4 N, first-choice fractions 4 E,
+            top-k indices 8 N k, (k > 1: gates 4 N k and their sum 4 N)
+    dispatch: slot and token indices 16 A, keep mask A, the gathered tokens e A C (k > 1 only:
+            with k = 1 they are the LayerNorm output), the expert buffer e (E cap + 1) C
+    experts: bmm outputs, GELU's input and output, 8 e E cap C
+    combine: gathered expert outputs e A C, gate weights e A, weighted outputs e A C
+
+Times come from FLOPs at a stated throughput (`flops_per_s`): forward_s = flops / rate and
+backward_s = 2 x forward_s (the standard 1:2 split of Kaplan et al. 2020). The transient bytes
+(`forward_temp_bytes`, `backward_temp_bytes`) are estimates of the largest short-lived tensors,
+not exact; measure a small model to calibrate them when they matter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+from profiler.schema import LayerProfile, Profile, ProfileError
+
+__all__ = [
+    "gpt_analytic_profile",
+    "conv_analytic_profile",
+    "gpt_block_saved_bytes",
+    "korthikanti_block_bytes",
+    "moe_capacity",
+]
+
+_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
+_GPT_DEFAULTS: dict[str, Any] = dict(
+    n_layer=12, n_embd=768, n_head=12, block_size=1024, vocab_size=50304, batch_size=8,
+    dropout=0.0, bias=True, attention="flash", tie_weights=False, dtype="float32",
+    moe_experts=0, moe_top_k=1, moe_capacity_factor=1.25, moe_aux_loss_coef=0.01,
+    moe_z_loss_coef=1e-3, exit_layers=(), exit_threshold=0.9, exit_loss_coef=0.3, seed=0,
+)
+
+
+def moe_capacity(tokens: int, top_k: int, experts: int, capacity_factor: float) -> int:
+    """Slots per expert: ceil(capacity_factor * tokens * k / experts) (Switch Transformer, eq. 3)."""
+    return max(1, math.ceil(capacity_factor * tokens * top_k / experts))
+
+
+def _config(cfg: Any, defaults: dict[str, Any]) -> dict[str, Any]:
+    if is_dataclass(cfg):
+        data = asdict(cfg)
+    elif isinstance(cfg, dict):
+        unknown = set(cfg) - set(defaults)
+        if unknown:
+            raise ProfileError(f"config: unknown field(s) {', '.join(sorted(unknown))}")
+        data = {**defaults, **cfg}
+    else:
+        raise ProfileError(f"config: expected a config dataclass or a dict, got {type(cfg).__name__}")
+    return data
+
+
+def _device_kind(device: str) -> str:
+    kind = device.split(":")[0]
+    if kind not in ("cpu", "cuda"):
+        raise ProfileError(f"device: choose cpu or cuda, not {device!r}")
+    return kind
+
+
+def gpt_block_saved_bytes(cfg: Any, *, device: str = "cpu") -> int:
+    """Bytes autograd saves for one block of `profiler.models.gpt` (see the NOTE), exact on the CPU
+    for dropout 0 and no early exit."""
+    c = _config(cfg, _GPT_DEFAULTS)
+    kind = _device_kind(device)
+    _check_exactness(c)
+    B, T, C, H = c["batch_size"], c["block_size"], c["n_embd"], c["n_head"]
+    e = _ELEMENT[c["dtype"]]
+    s = e if kind == "cpu" else 4
+    m = 4 if (kind == "cpu" and e == 2) else e
+    N = B * T
+    saved = e * N * C + 2 * e * N * C + 4 * s * N  # ln_2 input, ln outputs, statistics
+    if c["attention"] == "flash":
+        saved += 3 * e * N * C + e * N * C + 4 * B * H * T  # qkv, output, logsumexp
+    else:
+        saved += 3 * m * N * C + m * B * H * T * T + e * N * C  # q, k^T, v, probs, c_proj input
+    E = c["moe_experts"]
+    if not E:
+        return saved + 8 * e * N * C
+    k = c["moe_top_k"]
+    A = N * k
+    cap = moe_capacity(N, k, E, c["moe_capacity_factor"])
+    saved += 4 * N * E + 4 * N * E + 4 * N + 4 * E + 8 * N * k  # logits, probs, lse, fractions, top-k
+    if k > 1:
+        saved += 4 * N * k + 4 * N  # gates and their sum (renormalisation)
+        saved += e * A * C  # the gathered tokens
+    saved += 16 * A + A + e * (E * cap + 1) * C  # slot and token indices, keep mask, buffer
+    saved += 8 * e * E * cap * C  # expert hidden states
+    saved += e * A * C + e * A + e * A * C  # gathered outputs, weights, weighted outputs
+    return saved
+
+
+def _check_exactness(c: dict[str, Any]) -> None:
+    if c["dropout"] > 0:
+        raise ProfileError(
+            "dropout: the analytic profile covers dropout 0 (the pretraining default); "
+            "measure the model with profile_chain to include dropout masks"
+        )
+    if c["exit_layers"]:
+        raise ProfileError(
+            "exit_layers: early exit makes shapes depend on the data; measure with profile_chain"
+        )
+
+
+def korthikanti_block_bytes(cfg: Any) -> int:
+    """s b h (34 + 5 a s / h): Korthikanti et al. 2022's activation bytes per layer (16-bit)."""
+    c = _config(cfg, _GPT_DEFAULTS)
+    s, b, h, a = c["block_size"], c["batch_size"], c["n_embd"], c["n_head"]
+    return int(s * b * h * (34 + 5 * a * s / h))
+
+
+def _gpt_params(c: dict[str, Any]) -> dict[str, int]:
+    C, V, T = c["n_embd"], c["vocab_size"], c["block_size"]
+    bias = 1 if c["bias"] else 0
+    ln = C + bias * C
+    attn = 3 * C * C + bias * 3 * C + C * C + bias * C
+    E = c["moe_experts"]
+    ffn = (E * C + 8 * E * C * C) if E else (8 * C * C + bias * 5 * C)
+    # LayerNorms and attention Linears: a weight each, plus a bias; MoE: router, w_fc, w_proj
+    block_tensors = 4 * (1 + bias) + (3 if E else 2 * (1 + bias))
+    return {
+        "embed": V * C + T * C,
+        "block": 2 * ln + attn + ffn,
+        "head": ln + (0 if c["tie_weights"] else V * C),
+        "embed_tensors": 2,
+        "block_tensors": block_tensors,
+        "head_tensors": (1 + bias) + (0 if c["tie_weights"] else 1),
+    }
+
+
+def gpt_analytic_profile(
+    cfg: Any,
+    *,
+    device: str = "cpu",
+    flops_per_s: float = 1e12,
+    optimizer: str = "adamw",
+    name: str | None = None,
+) -> Profile:
+    """The profile of `profiler.models.gpt` for `cfg` (a GPTConfig or a dict of its fields) from
+    shapes alone: exact `output_bytes`, `saved_bytes`, `param_bytes`, `input_bytes` and
+    `fixed_bytes` (CPU accounting: LayerNorm statistics and the math path's precision differ on a
+    GPU, see the NOTE); FLOPs counted like FlopCounterMode (matrix products); times from FLOPs at
+    `flops_per_s`; transient bytes estimated."""
+    c = _config(cfg, _GPT_DEFAULTS)
+    kind = _device_kind(device)
+    if not flops_per_s > 0:
+        raise ProfileError(f"flops_per_s: must be > 0, got {flops_per_s}")
+    if optimizer not in ("adamw", "adam", "sgd", "sgd-momentum", "none"):
+        raise ProfileError(f"optimizer: choose adamw, adam, sgd, sgd-momentum or none, not {optimizer!r}")
+    if c["dtype"] not in _ELEMENT:
+        raise ProfileError(f"dtype: choose one of {', '.join(_ELEMENT)}, not {c['dtype']!r}")
+    B, T, C, H, V, L = (c[k] for k in ("batch_size", "block_size", "n_embd", "n_head", "vocab_size", "n_layer"))
+    if C % H:
+        raise ProfileError(f"n_head: n_embd ({C}) must be divisible by n_head ({H})")
+    e = _ELEMENT[c["dtype"]]
+    s = e if kind == "cpu" else 4
+    N = B * T
+    hidden = e * N * C
+    params = _gpt_params(c)
+    E, k = c["moe_experts"], c["moe_top_k"]
+
+    block_flops = 2 * N * 4 * C * C + 2 * 2 * N * T * C  # projections + causal attention in full
+    if E:
+        cap = moe_capacity(N, k, E, c["moe_capacity_factor"])
+        block_flops += 2 * N * C * E + 2 * 2 * E * cap * C * 4 * C
+    else:
+        block_flops += 2 * N * 8 * C * C
+    head_flops = 2 * N * C * V
+
+    def stage(name: str, kind_: str, flops: float, out: int, saved: int, tf: int, tb: int, pbytes: int):
+        f = flops / flops_per_s
+        return LayerProfile(
+            name=name, kind=kind_, forward_s=f, backward_s=2 * f, output_bytes=out, saved_bytes=saved,
+            forward_temp_bytes=tf, backward_temp_bytes=tb, param_bytes=pbytes, flops=float(flops),
+        )
+
+    m = 4 if (kind == "cpu" and e == 2) else e
+    attn_tmp = 0 if c["attention"] == "flash" else 2 * m * B * H * T * T
+    layers = [
+        stage("embed", "embed", 0, hidden, 8 * T, hidden + e * T * C, e * (V + T) * C, e * params["embed"]),
+    ]
+    block_saved = gpt_block_saved_bytes(c, device=device)
+    for i in range(L):
+        layers.append(
+            stage(f"block.{i}", "block", block_flops, hidden, block_saved, hidden + attn_tmp // 2,
+                  7 * hidden + attn_tmp, e * params["block"])
+        )
+    logits = 4 * N * V
+    layers.append(
+        stage("head", "head", head_flops, 4, 2 * s * N + hidden + logits + 4,
+              logits + (e * N * V if e != 4 else 0), logits + e * N * V, e * params["head"])
+    )
+    n_params = params["embed"] + L * params["block"] + params["head"]
+    n_tensors = params["embed_tensors"] + L * params["block_tensors"] + params["head_tensors"]
+    param_bytes = e * n_params
+    opt = {"adamw": 2 * param_bytes, "adam": 2 * param_bytes, "sgd-momentum": param_bytes}.get(optimizer, 0)
+    if optimizer in ("adamw", "adam") and kind == "cpu":
+        opt += 4 * n_tensors  # AdamW's step counters: a 4-byte CPU tensor per parameter
+    buffers = 8 * N + (L * (8 * E + 8) if E else 0)  # targets; expert and dropped counters
+    pending = e * V * C if c["tie_weights"] else 0
+    fixed = {
+        "param_bytes": param_bytes, "grad_bytes": param_bytes, "optimizer_bytes": opt,
+        "buffer_bytes": buffers, "pending_shared_grad_bytes": pending, "n_params": n_params,
+    }
+    fixed["total_bytes"] = param_bytes * 2 + opt + buffers + pending
+    return Profile(
+        name=name or f"gpt-{L}x{C}",
+        device=device,
+        dtype=c["dtype"],
+        input_bytes=8 * N,
+        fixed_bytes=fixed["total_bytes"],
+        layers=layers,
+        meta={
+            "source": "profiler.analytic.gpt_analytic_profile",
+            "config": {"family": "gpt", **{k_: (list(v) if isinstance(v, tuple) else v) for k_, v in c.items()}},
+            "flops_per_s": flops_per_s,
+            "optimizer": optimizer,
+            "fixed": fixed,
+            "korthikanti_block_bytes": korthikanti_block_bytes(c),
+            "attention_backend": c["attention"],
+            "exact": ["output_bytes", "saved_bytes", "param_bytes", "input_bytes", "fixed_bytes"],
+        },
+    )
+
+
+_CONV_DEFAULTS: dict[str, Any] = dict(
+    channels=(16, 32, 64), blocks=(2, 2, 2), image_size=32, in_channels=3, num_classes=10,
+    batch_size=8, dtype="float32", seed=0,
+)
+
+
+def conv_analytic_profile(
+    cfg: Any, *, device: str = "cpu", flops_per_s: float = 1e12, optimizer: str = "adamw",
+    name: str | None = None,
+) -> Profile:
+    """The profile of `profiler.models.conv` for `cfg` from shapes: exact output and saved bytes in
+    fp32 (BatchNorm keeps its input, which is the stage input, and fp32 mean and inverse std per
+    channel; ReLU its output, shared with the next convolution's input), FLOPs of the convolutions
+    and the classifier; times and transients as for the GPT."""
+    c = _config(cfg, _CONV_DEFAULTS)
+    _device_kind(device)
+    if not flops_per_s > 0:
+        raise ProfileError(f"flops_per_s: must be > 0, got {flops_per_s}")
+    e = _ELEMENT[c["dtype"]]
+    B, hw, cin = c["batch_size"], c["image_size"], c["in_channels"]
+    chans, blocks = tuple(c["channels"]), tuple(c["blocks"])
+
+    def stage(name, kind_, flops, out, saved, tf, tb, pbytes):
+        f = flops / flops_per_s
+        return LayerProfile(name=name, kind=kind_, forward_s=f, backward_s=2 * f, output_bytes=out,
+                            saved_bytes=saved, forward_temp_bytes=tf, backward_temp_bytes=tb,
+                            param_bytes=pbytes, flops=float(flops))
+
+    act = e * B * chans[0] * hw * hw
+    n_params = 9 * cin * chans[0]
+    n_tensors = 1
+    layers = [stage("stem", "stem", 2 * B * hw * hw * 9 * cin * chans[0], act, 0, 0, act,
+                    e * 9 * cin * chans[0])]
+    c_prev = chans[0]
+    for g, (ch, n) in enumerate(zip(chans, blocks, strict=True)):
+        for j in range(n):
+            stride = 2 if (g > 0 and j == 0) else 1
+            hw_out = hw // stride
+            a_in, a_out = e * B * c_prev * hw * hw, e * B * ch * hw_out * hw_out
+            short = stride != 1 or c_prev != ch
+            saved = a_in + 2 * a_out + 8 * c_prev + 8 * ch  # relu1 out, conv1 out, relu2 out, stats
+            flops = 2 * B * hw_out * hw_out * 9 * (c_prev * ch + ch * ch)
+            p = 9 * c_prev * ch + 9 * ch * ch + 2 * c_prev + 2 * ch
+            n_tensors += 6
+            if short:
+                flops += 2 * B * hw_out * hw_out * c_prev * ch
+                p += c_prev * ch
+                n_tensors += 1
+            n_params += p
+            layers.append(stage(f"layer{g + 1}.{j}", "block", flops, a_out, saved, a_out, 2 * a_in, e * p))
+            c_prev, hw = ch, hw_out
+    K = c["num_classes"]
+    a = e * B * c_prev * hw * hw
+    head_p = 2 * c_prev + c_prev * K + K
+    n_params += head_p
+    n_tensors += 4
+    layers.append(stage("head", "head", 2 * B * c_prev * K, 4,
+                        8 * c_prev + a + e * B * c_prev + 4 * B * K + 4, a, 2 * a, e * head_p))
+    param_bytes = e * n_params
+    opt = {"adamw": 2 * param_bytes, "adam": 2 * param_bytes, "sgd-momentum": param_bytes}.get(optimizer, 0)
+    if optimizer in ("adamw", "adam") and device.startswith("cpu"):
+        opt += 4 * n_tensors
+    n_bn = sum(blocks) * 2 + 1
+    bn_channels = 0
+    c_prev = chans[0]
+    for ch, n in zip(chans, blocks, strict=True):
+        for _ in range(n):
+            bn_channels += c_prev + ch
+            c_prev = ch
+    bn_channels += c_prev
+    buffers = 8 * B + e * 2 * bn_channels + 8 * n_bn  # targets; running mean/var; batch counters
+    fixed = {"param_bytes": param_bytes, "grad_bytes": param_bytes, "optimizer_bytes": opt,
+             "buffer_bytes": buffers, "n_params": n_params}
+    fixed["total_bytes"] = 2 * param_bytes + opt + buffers
+    return Profile(
+        name=name or "resnet-like", device=device, dtype=c["dtype"],
+        input_bytes=e * B * cin * c["image_size"] ** 2, fixed_bytes=fixed["total_bytes"], layers=layers,
+        meta={"source": "profiler.analytic.conv_analytic_profile", "flops_per_s": flops_per_s,
+              "config": {"family": "conv", **{k_: (list(v) if isinstance(v, tuple) else v) for k_, v in c.items()}},
+              "fixed": fixed, "optimizer": optimizer,
+              "exact": ["output_bytes", "saved_bytes", "param_bytes", "input_bytes", "fixed_bytes"]},
+    )

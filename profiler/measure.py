@@ -1,0 +1,541 @@
+"""`profile_chain`: measure every quantity of the chain model on a real model cut into stages.
+
+NOTE [ How each number is measured ]
+Each stage i is measured alone, on its real input a_{i-1} (the chain run once without autograd),
+with every parameter's gradient already allocated (as in a training step after the first):
+
+- `saved_bytes`: `saved_tensors_hooks` see every tensor autograd keeps for the backward; their
+  storages are deduplicated and those of parameters, of the stage's input and of its output are
+  left out (chain-model.md).
+- `output_bytes`: the unique storages of the output.
+- `forward_temp_bytes`: the peak allocated during the recorded forward minus what the forward
+  leaves allocated; `backward_temp_bytes`: the peak during its backward, above the level at its
+  start, minus the new input gradient. On a GPU from the caching allocator's counters, on the CPU
+  from the PyTorch profiler's allocation events (`profiler.memory`), both exact.
+- `forward_s`, `backward_s`: medians over `repeats` after `warmup` runs, timed apart from the
+  memory passes (the profiler's bookkeeping would slow them): CUDA events on a GPU, a monotonic
+  clock after synchronisation on the CPU.
+- `flops`: `torch.utils.flop_counter.FlopCounterMode` over one forward.
+- `fixed_bytes`: parameters, their gradients, the optimizer's state (AdamW: two moments shaped like
+  each parameter, plus its step counter, a 4-byte CPU tensor per parameter unless on a GPU), the
+  stages' buffers, and the pending gradient of parameters shared between stages (see
+  NOTE [ Parameters shared between stages ] in `_fixed_bytes`).
+
+Module state that a forward changes (BatchNorm statistics, expert and exit counters, any buffer)
+and the random number generators are restored afterwards, so profiling leaves the model as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from profiler.memory import measure_memory
+from profiler.schema import LayerProfile, Profile, ProfileError
+
+__all__ = ["profile_chain", "optimizer_state_bytes", "stage_names"]
+
+log = logging.getLogger(__name__)
+
+_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
+
+
+def profile_chain(
+    stages: Sequence[nn.Module],
+    example_input: torch.Tensor,
+    *,
+    device: str | torch.device | None = None,
+    repeats: int = 5,
+    warmup: int = 2,
+    name: str = "model",
+    optimizer: str = "adamw",
+    autocast_dtype: torch.dtype | str | None = None,
+    names: Sequence[str] | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Profile:
+    """Measure the chain `stages` (modules run in order, the last returning the scalar loss) on
+    `example_input`.
+
+    Returns a `Profile`: per stage seconds (`forward_s`, `backward_s`), bytes (`output_bytes`,
+    `saved_bytes`, `forward_temp_bytes`, `backward_temp_bytes`, `param_bytes`) and forward FLOPs;
+    per profile `input_bytes` and `fixed_bytes` (parameters, gradients, `optimizer` state, buffers).
+    `device` moves stages and input there first (default: where the first stage's parameters are).
+    `autocast_dtype` runs every forward under `torch.autocast` in that dtype. `progress(done,
+    total, what)` is called after each stage. Raises `ProfileError` naming the stage on bad input.
+    """
+    stages = list(stages)
+    _check_options(stages, repeats, warmup, optimizer)
+    dev = _resolve_device(stages, example_input, device)
+    if device is not None:
+        for stage in stages:
+            stage.to(dev)
+        example_input = example_input.to(dev)
+    stage_labels = list(names) if names is not None else stage_names(stages)
+    if len(stage_labels) != len(stages):
+        raise ProfileError(f"names: {len(stage_labels)} names for {len(stages)} stages; give one per stage")
+    _check_devices(stages, stage_labels, example_input, dev)
+    ac_dtype = _autocast_dtype(autocast_dtype)
+
+    def ctx():
+        if ac_dtype is None:
+            return _nullcontext()
+        return torch.autocast(device_type=dev.type, dtype=ac_dtype)
+
+    snapshot = _snapshot_state(stages)
+    try:
+        for stage in stages:
+            stage.train()
+        params = _unique_params(stages)
+        for p in params:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        inputs = _chain_inputs(stages, stage_labels, example_input, ctx)
+        # parameters and buffers are fixed memory: never counted as a stage's saved bytes
+        fixed_tensors = [*params, *(b for stage in stages for b in stage.buffers())]
+        layers: list[LayerProfile] = []
+        extras: list[dict[str, Any]] = []
+        owned: set[int] = set()
+        for i, stage in enumerate(stages):
+            label = stage_labels[i]
+            mem = _measure_stage_memory(stage, inputs[i], i == 0, dev, ctx, fixed_tensors)
+            f_s, b_s = _time_stage(stage, inputs[i], i == 0, dev, ctx, repeats, warmup)
+            flops = _forward_flops(stage, inputs[i], ctx)
+            pbytes = 0
+            for p in stage.parameters():
+                if id(p) not in owned:
+                    owned.add(id(p))
+                    pbytes += p.numel() * p.element_size()
+            layers.append(
+                LayerProfile(
+                    name=label,
+                    kind=getattr(stage, "memplan_kind", type(stage).__name__.lower()),
+                    forward_s=f_s,
+                    backward_s=b_s,
+                    output_bytes=mem["output_bytes"],
+                    saved_bytes=mem["saved_bytes"],
+                    forward_temp_bytes=mem["forward_temp_bytes"],
+                    backward_temp_bytes=mem["backward_temp_bytes"],
+                    param_bytes=pbytes,
+                    flops=flops,
+                )
+            )
+            extras.append({"name": label, **mem["extra"]})
+            if progress is not None:
+                progress(i + 1, len(stages), label)
+        fixed = _fixed_bytes(stages, params, optimizer, dev)
+        info: dict[str, Any] = {
+            "source": "profiler.profile_chain (measured)",
+            "torch": torch.__version__,
+            "repeats": repeats,
+            "warmup": warmup,
+            "optimizer": optimizer,
+            "autocast_dtype": str(ac_dtype).removeprefix("torch.") if ac_dtype else None,
+            "fixed": fixed,
+            "stages": extras,
+        }
+        for stage in stages:
+            cfg = getattr(stage, "memplan_config", None)
+            if cfg is not None:
+                info["config"] = cfg
+        info.update(_model_report(stages))
+        if meta:
+            info.update(meta)
+        dtype = ac_dtype or _param_dtype(stages) or torch.float32
+        return Profile(
+            name=name,
+            device=str(dev),
+            dtype=str(dtype).removeprefix("torch."),
+            input_bytes=_storage_bytes([example_input]),
+            fixed_bytes=fixed["total_bytes"],
+            layers=layers,
+            meta=info,
+        )
+    finally:
+        _restore_state(stages, snapshot)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+
+
+def _check_options(stages: list, repeats: int, warmup: int, optimizer: str) -> None:
+    if not stages:
+        raise ProfileError("stages: empty; give at least one module (the last returns the loss)")
+    for i, stage in enumerate(stages):
+        if not isinstance(stage, nn.Module):
+            raise ProfileError(
+                f"stages[{i}]: expected an nn.Module, got {type(stage).__name__} (wrap functions in a module)"
+            )
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ProfileError(f"repeats: must be an integer >= 1, got {repeats!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ProfileError(f"warmup: must be an integer >= 0, got {warmup!r}")
+    if optimizer not in _OPTIMIZERS:
+        raise ProfileError(f"optimizer: choose one of {', '.join(_OPTIMIZERS)}, not {optimizer!r}")
+
+
+def stage_names(stages: Sequence[nn.Module]) -> list[str]:
+    """A unique name per stage: its `memplan_name` attribute, else 'i.ClassName'."""
+    out = []
+    for i, stage in enumerate(stages):
+        label = getattr(stage, "memplan_name", None) or f"{i + 1}.{type(stage).__name__}"
+        out.append(label)
+    seen: dict[str, int] = {}
+    for i, label in enumerate(out):
+        if label in seen:
+            out[i] = f"{label}#{i + 1}"
+        seen[label] = i
+    return out
+
+
+def _resolve_device(stages: list[nn.Module], x: torch.Tensor, device) -> torch.device:
+    if not isinstance(x, torch.Tensor):
+        raise ProfileError(
+            f"example_input: expected a tensor (the input of stage 1), got {type(x).__name__}"
+        )
+    if device is not None:
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ProfileError("device: CUDA is not available on this machine; use --device cpu")
+        if dev.type not in ("cpu", "cuda"):
+            raise ProfileError(f"device: choose cpu or cuda, not {dev.type!r}")
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        return dev
+    for stage in stages:
+        for p in stage.parameters():
+            return p.device
+    return x.device
+
+
+def _check_devices(stages, labels, x: torch.Tensor, dev: torch.device) -> None:
+    if x.device != dev:
+        raise ProfileError(
+            f"example_input: on {x.device} but stage 1 ({labels[0]}) runs on {dev}; "
+            f"move it with .to({str(dev)!r}) or pass device="
+        )
+    for i, stage in enumerate(stages):
+        for pname, t in [*stage.named_parameters(), *stage.named_buffers()]:
+            if t.device != dev:
+                raise ProfileError(
+                    f"stage {i + 1} ({labels[i]}): {pname} is on {t.device}, not {dev}; "
+                    "move every stage to one device (or pass device=)"
+                )
+
+
+def _autocast_dtype(value) -> torch.dtype | None:
+    if value is None:
+        return None
+    if isinstance(value, torch.dtype):
+        return value
+    table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if value not in table:
+        raise ProfileError(f"autocast_dtype: choose bfloat16 or float16, not {value!r}")
+    return table[value]
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# the chain's inputs and each stage's output checks
+
+
+def _chain_inputs(stages, labels, x0: torch.Tensor, ctx) -> list[torch.Tensor]:
+    """a_0 .. a_{L-1}: the chain run once without autograd, outputs checked."""
+    inputs = [x0]
+    x = x0
+    L = len(stages)
+    with torch.no_grad():
+        for i, stage in enumerate(stages):
+            with ctx():
+                out = stage(x)
+            _check_output(out, i, L, labels[i])
+            if i < L - 1:
+                inputs.append(out)
+            x = out
+    return inputs
+
+
+def _check_output(out, i: int, L: int, label: str) -> None:
+    if not isinstance(out, torch.Tensor):
+        hint = " (return one tensor; put the loss inside the last stage)" if i == L - 1 else (
+            " (a stage passes exactly one tensor to the next)"
+        )
+        raise ProfileError(f"stage {i + 1} ({label}): returned {type(out).__name__}, not a tensor{hint}")
+    if i == L - 1:
+        if out.numel() != 1:
+            raise ProfileError(
+                f"stage {i + 1} ({label}): the last stage must return the scalar loss, "
+                f"got a tensor of shape {tuple(out.shape)}"
+            )
+        if not out.is_floating_point():
+            raise ProfileError(f"stage {i + 1} ({label}): the loss must be floating point, got {out.dtype}")
+    elif not out.is_floating_point():
+        raise ProfileError(
+            f"stage {i + 1} ({label}): returned a {out.dtype} tensor; only stage 1 may take integers, "
+            "so a stage's output must be floating point to carry a gradient"
+        )
+
+
+def _stage_input(x: torch.Tensor, first: bool) -> torch.Tensor:
+    """The stage's input as a leaf that takes a gradient (stage 1's data input does not)."""
+    x = x.detach()
+    if not first and x.is_floating_point():
+        x.requires_grad_(True)
+    return x
+
+
+def _storages(tensors) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            if st.nbytes():
+                out[st.data_ptr()] = st.nbytes()
+    return out
+
+
+def _storage_bytes(tensors) -> int:
+    return sum(_storages(tensors).values())
+
+
+# ---------------------------------------------------------------------------------------------
+# memory
+
+
+def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict[str, Any]:
+    x = _stage_input(x_prev, first)
+    saved: dict[int, int] = {}
+    n_saved = 0
+
+    def pack(t: torch.Tensor):
+        nonlocal n_saved
+        n_saved += 1
+        st = t.untyped_storage()
+        if st.nbytes():
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+
+    in_grad = 0
+    # one block for the forward and its backward: the backward frees what the forward allocated,
+    # and the CPU accounting sees a free only if it saw the allocation (profiler.memory)
+    with measure_memory(dev) as meter:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx():
+            out = stage(x)
+        has_backward = out.requires_grad
+        meter.mark("grad")
+        grad = torch.ones_like(out) if has_backward else None
+        meter.mark("backward")
+        if has_backward:
+            torch.autograd.backward(out, grad)
+    fwd, bwd = meter.phases["start"], meter.phases["backward"]
+    excluded = _storages(fixed_tensors) | _storages([x]) | _storages([out])
+    saved_bytes = sum(n for ptr, n in saved.items() if ptr not in excluded)
+    out_bytes = _storage_bytes([out])
+    fwd_temp = max(0, fwd.peak_bytes - fwd.end_bytes)
+    if has_backward:
+        in_grad = _storage_bytes([x.grad]) if x.grad is not None else 0
+    bwd_temp = max(0, bwd.peak_bytes - bwd.start_bytes - in_grad) if has_backward else 0
+    del out, x, grad
+    return {
+        "output_bytes": out_bytes,
+        "saved_bytes": saved_bytes,
+        "forward_temp_bytes": fwd_temp,
+        "backward_temp_bytes": bwd_temp,
+        "extra": {
+            "saved_tensors": n_saved,
+            "forward_peak_bytes": fwd.peak_bytes,
+            "forward_end_bytes": fwd.end_bytes,
+            # bytes the forward left allocated beyond its output and saved tensors (side-channel
+            # values such as the aux losses' detached values): outside the chain model, ~0
+            "retained_other_bytes": fwd.end_bytes - out_bytes - saved_bytes,
+            "input_grad_bytes": in_grad,
+            "backward_peak_above_start_bytes": bwd.peak_bytes - bwd.start_bytes if has_backward else 0,
+            "backward_end_bytes": bwd.end_bytes - bwd.start_bytes if has_backward else 0,
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# time and FLOPs
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _time_stage(stage, x_prev, first, dev, ctx, repeats, warmup) -> tuple[float, float]:
+    fwd: list[float] = []
+    bwd: list[float] = []
+    for r in range(warmup + repeats):
+        x = _stage_input(x_prev, first)
+        if dev.type == "cuda":
+            e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            _sync(dev)
+            e0.record()
+            with ctx():
+                out = stage(x)
+            e1.record()
+            if out.requires_grad:
+                torch.autograd.backward(out, torch.ones_like(out))
+            e2.record()
+            _sync(dev)
+            f_s, b_s = e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3
+        else:
+            t0 = time.perf_counter()
+            with ctx():
+                out = stage(x)
+            t1 = time.perf_counter()
+            if out.requires_grad:
+                grad = torch.ones_like(out)
+                t1b = time.perf_counter()
+                torch.autograd.backward(out, grad)
+                t2 = time.perf_counter()
+            else:
+                t1b = t2 = t1
+            f_s, b_s = t1 - t0, t2 - t1b
+        del out, x
+        if r >= warmup:
+            fwd.append(f_s)
+            bwd.append(b_s)
+    return statistics.median(fwd), statistics.median(bwd)
+
+
+def _forward_flops(stage, x_prev, ctx) -> float:
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+    def cpu_flash(q, k, v, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_flop_count(q, k, v)
+
+    # the CPU flash kernel has no formula of its own in FlopCounterMode: count it like SDPA's
+    x = x_prev.detach()
+    counter = FlopCounterMode(
+        display=False,
+        custom_mapping={torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash},
+    )
+    with torch.no_grad(), counter, ctx():
+        stage(x)
+    return float(counter.get_total_flops())
+
+
+# ---------------------------------------------------------------------------------------------
+# fixed memory and module state
+
+
+def _unique_params(stages) -> list[nn.Parameter]:
+    seen: dict[int, nn.Parameter] = {}
+    for stage in stages:
+        for p in stage.parameters():
+            seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def optimizer_state_bytes(params, optimizer: str, device: torch.device) -> int:
+    """Bytes the optimizer allocates for `params` once it has stepped (torch.optim's layout):
+    AdamW/Adam two moments like each parameter plus a 4-byte step tensor per parameter (kept on
+    the CPU unless the parameters are on a GPU, where it is not counted); SGD with momentum one
+    buffer; plain SGD and 'none' nothing."""
+    trainable = [p for p in params if p.requires_grad]
+    if optimizer in ("adamw", "adam"):
+        moments = sum(2 * p.numel() * p.element_size() for p in trainable)
+        steps = 4 * len(trainable) if device.type == "cpu" else 0
+        return moments + steps
+    if optimizer == "sgd-momentum":
+        return sum(p.numel() * p.element_size() for p in trainable)
+    return 0
+
+
+def _fixed_bytes(stages, params, optimizer: str, dev: torch.device) -> dict[str, int]:
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    state = optimizer_state_bytes(params, optimizer, dev)
+    buffers: dict[int, torch.Tensor] = {}
+    for stage in stages:
+        for b in stage.buffers():
+            buffers.setdefault(id(b), b)
+    buffer_bytes = sum(b.numel() * b.element_size() for b in buffers.values())
+    # NOTE [ Parameters shared between stages ]: autograd sums a shared leaf's gradient
+    # contributions in a buffer before accumulating them, so the later stage's contribution stays
+    # allocated until the earlier stage's backward: through the whole backward, whatever the plan.
+    # It is fixed memory (the chain model has no other place for it).
+    owners: dict[int, set[int]] = {}
+    for i, stage in enumerate(stages):
+        for p in stage.parameters():
+            owners.setdefault(id(p), set()).add(i)
+    pending = sum(
+        p.numel() * p.element_size() for p in params if p.requires_grad and len(owners[id(p)]) > 1
+    )
+    return {
+        "param_bytes": param_bytes,
+        "grad_bytes": grad_bytes,
+        "optimizer_bytes": state,
+        "buffer_bytes": buffer_bytes,
+        "pending_shared_grad_bytes": pending,
+        "n_params": sum(p.numel() for p in params),
+        "total_bytes": param_bytes + grad_bytes + state + buffer_bytes + pending,
+    }
+
+
+def _param_dtype(stages) -> torch.dtype | None:
+    for stage in stages:
+        for p in stage.parameters():
+            if p.is_floating_point():
+                return p.dtype
+    return None
+
+
+def _snapshot_state(stages) -> dict[str, Any]:
+    bufs = []
+    for stage in stages:
+        for b in stage.buffers():
+            bufs.append((b, b.detach().clone()))
+    grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in _unique_params(stages)]
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return {"buffers": bufs, "grads": grads, "cpu_rng": torch.get_rng_state(), "cuda_rng": cuda_rng}
+
+
+def _restore_state(stages, snap: dict[str, Any]) -> None:
+    with torch.no_grad():
+        for b, saved in snap["buffers"]:
+            b.copy_(saved)
+        for p, g in snap["grads"]:
+            if g is None:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.copy_(g)
+            else:
+                p.grad = g
+    torch.set_rng_state(snap["cpu_rng"])
+    if snap["cuda_rng"] is not None:
+        torch.cuda.set_rng_state_all(snap["cuda_rng"])
+
+
+def _model_report(stages) -> dict[str, Any]:
+    """Model-specific facts for the profile's meta (attention backend used, fallbacks)."""
+    try:
+        from profiler.models.gpt import Block, gpt_report
+    except ImportError:  # pragma: no cover
+        return {}
+    if any(isinstance(s, Block) for s in stages):
+        rep = gpt_report(stages)
+        used = {v["used"] for v in rep["attention"].values()}
+        reasons = {v["fallback_reason"] for v in rep["attention"].values() if v["fallback_reason"]}
+        return {
+            "attention_backend": used.pop() if len(used) == 1 else sorted(used),
+            "attention_fallback": sorted(reasons) if reasons else None,
+        }
+    return {}
