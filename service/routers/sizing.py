@@ -1,11 +1,162 @@
-"""`GET /v1/sizing` and `POST /v1/sizing/fit`: compute-optimal sizing and fits (planner.scaling)."""
+"""`GET /v1/sizing` (compute-optimal sizing by a scaling law) and `POST /v1/sizing/fit` (fit a law
+to a user's runs): `planner.scaling`, the same calls as `memplan size` and `memplan fit`.
+
+NOTE [ Which query ]
+The query parameters choose the library function exactly as `memplan size`'s options do:
+memory_bytes -> memory_aware_size; unique_tokens -> data_constrained_optimal (with compute_flops)
+or data_constrained_loss (with params and tokens); inference_tokens -> inference_aware (with
+compute_flops or target_loss); else exactly one of compute_flops, params, target_loss ->
+compute_optimal, optimal_for_params, cheapest_for_loss.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.deps import require_api_key
+from service.problems import FieldError, ProblemError, library_error, problem_responses
 
-__all__ = ["router"]
+__all__ = ["router", "FitRequest"]
 
 router = APIRouter(prefix="/v1/sizing", tags=["sizing"], dependencies=[Depends(require_api_key)])
+
+LawName = Literal["epoch", "hoffmann", "hoffmann-tex", "muennighoff", "approach1"]
+Positive = Annotated[float | None, Query(gt=0, allow_inf_nan=False)]
+
+
+def _bad(field: str, msg: str) -> ProblemError:
+    return ProblemError(422, f"{field}: {msg}", kind="invalid-input", errors=[FieldError(field=f"query.{field}", message=msg)])
+
+
+@router.get(
+    "",
+    summary="Compute-optimal sizing: compute -> (N, D, loss), N -> (D, C), loss -> cheapest (N, D)",
+    description="Also inference-aware (`inference_tokens`), data-constrained (`unique_tokens`) and "
+    "memory-aware (`memory_bytes`: the largest compute-optimal model whose training step fits, "
+    "planned). Returns the library's result: keys `params`, `tokens`, `loss`, `tokens_per_param`, "
+    "`flops` and the query's own.",
+    responses={
+        200: {"description": "the sizing", "content": {"application/json": {"schema": {"type": "object"}}}},
+        **problem_responses(401, 422),
+    },
+)
+def get_sizing(
+    compute_flops: Annotated[Positive, Query(description="training FLOPs C")] = None,
+    params: Annotated[Positive, Query(description="model size N")] = None,
+    target_loss: Annotated[Positive, Query(description="loss to reach, nats per token")] = None,
+    tokens: Annotated[Positive, Query(description="training tokens D (with params, unique_tokens)")] = None,
+    inference_tokens: Annotated[Positive, Query(description="tokens served after training")] = None,
+    unique_tokens: Annotated[Positive, Query(description="unique tokens available")] = None,
+    memory_bytes: Annotated[int | None, Query(gt=0, description="device memory, bytes")] = None,
+    devices: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+    seq_len: Annotated[int, Query(ge=1, le=1 << 24)] = 2048,
+    micro_batch: Annotated[int, Query(ge=1, le=1 << 20)] = 1,
+    peak_flops: Annotated[Positive, Query(description="device peak FLOP/s")] = None,
+    device: Annotated[str | None, Query(max_length=64, description="e.g. H100, H200")] = None,
+    utilization: Annotated[float, Query(gt=0, le=1, allow_inf_nan=False)] = 0.4,
+    strategy: Annotated[str, Query(max_length=32, description="checkpoint strategy (memory)")] = "optimal",
+    law: Annotated[LawName | None, Query(description="null: the library's default")] = None,
+) -> Response:
+    from planner import scaling
+
+    try:
+        if memory_bytes is not None:
+            result: Any = scaling.memory_aware_size(
+                memory_bytes, n_devices=devices, law=law, seq_len=seq_len, micro_batch=micro_batch,
+                device=device, peak_flops=peak_flops, utilization=utilization, strategy=strategy,
+            )
+        elif unique_tokens is not None:
+            if compute_flops is not None:
+                result = scaling.data_constrained_optimal(compute_flops, unique_tokens, law=law)
+            elif params is not None and tokens is not None:
+                result = scaling.data_constrained_loss(params, tokens, unique_tokens, law=law)
+            else:
+                raise _bad("unique_tokens", "give compute_flops (the best N, D), or params and tokens (their loss)")
+        elif inference_tokens is not None:
+            if (compute_flops is None) == (target_loss is None):
+                raise _bad("inference_tokens", "give one of compute_flops or target_loss")
+            result = scaling.inference_aware(inference_tokens, target_loss=target_loss, flops=compute_flops, law=law)
+        else:
+            given = [k for k, v in (("compute_flops", compute_flops), ("params", params),
+                                    ("target_loss", target_loss)) if v is not None]
+            if len(given) != 1:
+                raise _bad(given[1] if len(given) > 1 else "compute_flops",
+                           "give exactly one of compute_flops, params or target_loss"
+                           + (f" (got {', '.join(given)})" if given else ""))
+            if compute_flops is not None:
+                result = scaling.compute_optimal(compute_flops, law=law)
+            elif params is not None:
+                result = scaling.optimal_for_params(params, law=law)
+            else:
+                result = scaling.cheapest_for_loss(target_loss, law=law)  # type: ignore[arg-type]
+    except ProblemError:
+        raise
+    except ValueError as err:  # ScalingError, PlanError: the library's input errors
+        raise library_error(err, prefix="query") from None
+    return Response(result.model_dump_json(), media_type="application/json")
+
+
+class RunPoint(BaseModel):
+    """One training run: its size, its data (tokens or FLOPs) and its final loss."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    params: float = Field(gt=0, description="N")
+    tokens: float | None = Field(default=None, gt=0, description="D (or give flops)")
+    flops: float | None = Field(default=None, gt=0, description="6 N D (if no tokens)")
+    loss: float = Field(gt=0, description="final loss, nats per token")
+
+
+class FitRequest(BaseModel):
+    """What `memplan fit` takes: the runs and the fit's options."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    runs: list[RunPoint] = Field(min_length=1, max_length=100_000)
+    method: Literal["varpro", "grid", "local"] = "varpro"
+    alpha_equals_beta: bool = False
+    fixed_E: float | None = Field(default=None, gt=0)
+    bootstrap: int = Field(default=0, ge=0, le=2000, description="resamples for the intervals (at most 2000 in a request)")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    flops: list[Annotated[float, Field(gt=0)]] = Field(
+        default_factory=list, max_length=1000, description="FLOPs to predict N_opt, D_opt and loss at"
+    )
+
+
+@router.post(
+    "/fit",
+    summary="Fit L = E + A/N^alpha + B/D^beta to runs (Huber on log loss, global search, bootstrap)",
+    responses={
+        200: {"description": "the fit (`FitResult`)", "content": {"application/json": {"schema": {"type": "object"}}}},
+        **problem_responses(401, 413, 422),
+    },
+)
+def post_fit(body: FitRequest) -> Response:
+    from planner import scaling
+
+    rows = []
+    for r in body.runs:
+        row = r.model_dump(exclude_none=True)
+        if "tokens" in row and "flops" in row:
+            row.pop("flops")
+        rows.append(row)
+    if any("tokens" not in row and "flops" not in row for row in rows):
+        i = next(i for i, row in enumerate(rows) if "tokens" not in row and "flops" not in row)
+        raise ProblemError(
+            422, f"runs.{i}: give tokens or flops", kind="invalid-input",
+            errors=[FieldError(field=f"body.runs.{i}.tokens", message="give tokens or flops")],
+        )
+    try:
+        result = scaling.fit_law(
+            rows, method=body.method, alpha_equals_beta=body.alpha_equals_beta, fixed_E=body.fixed_E,
+            bootstrap=body.bootstrap, seed=body.seed, confidence=body.confidence,
+            flops=body.flops or None,
+        )
+    except ValueError as err:
+        raise library_error(err, prefix="body") from None
+    return Response(result.model_dump_json(), media_type="application/json")
