@@ -9,12 +9,12 @@ the fixed bytes. Memory grows with depth, so a bisection over n_layer finds the 
 the same search with "store-all" shows what fits without checkpointing.
 
 NOTE [ what a device holds ]
-Training state is `state_bytes_per_param` bytes per parameter: 16 for mixed-precision Adam (bf16
-weights and gradients 2 + 2, fp32 master weights, momentum and variance 4 + 4 + 4; Rajbhandari
-et al. 2020, ZeRO, section 3.1). With `shard_states` (ZeRO stage 3 / FSDP) each of the n devices
-holds 1/n of it; otherwise each holds all of it (plain data parallel). Each device runs
+Training state (weights, gradients, optimizer state) comes from `planner.precision` (the policy,
+default "bf16-mixed": 16 bytes per parameter with AdamW) and `planner.sharding` (ZeRO stage,
+default 3 = FSDP full sharding: each of the n devices holds 1/n of it, plus the gathered weights of
+the largest unit, one block or the embedding; stage 0 is plain data parallel). Each device runs
 `micro_batch` sequences through the whole model (no tensor or pipeline parallelism), so the
-activation chain is the full model's at that micro-batch. The all-gather buffers of ZeRO-3 and the
+activation chain is the full model's at that micro-batch. Communication buckets and the
 allocator's fragmentation are not modelled: leave headroom in `device_memory_bytes`.
 
 NOTE [ the training time ]
@@ -28,7 +28,6 @@ report 46% model-FLOPs utilisation for PaLM).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
 from pydantic import Field
@@ -66,6 +65,8 @@ class MemorySizing(Sizing):
     seq_len: int
     micro_batch: int
     dtype: str
+    precision: str = Field(description="planner.precision policy of the training state")
+    zero_stage: int = Field(description="ZeRO stage sharding that state over the devices")
     fixed_bytes_per_device: int = Field(description="training state held per device")
     activation_budget_bytes: int = Field(description="device memory minus the fixed bytes")
     peak_bytes: int = Field(description="the plan's activation peak")
@@ -86,22 +87,20 @@ class MemorySizing(Sizing):
 
 
 def analytic_gpt_profile(shape: GPTShape, micro_batch: int, dtype: str):
-    """The analytic profile of the GPT of `shape` (from shapes alone; `profiler.analytic`).
-
-    Imported here, on call, so that the rest of sizing stays light."""
+    """The analytic profile (`profiler.analytic.gpt_analytic_profile`, shapes alone, GPU byte
+    accounting) of nanoGPT with `shape`: flash attention, no dropout, biases, tied embedding, and
+    activations in `dtype`. Imported here, on call, so that the rest of sizing stays light."""
     try:
-        from profiler import analytic
+        from profiler.analytic import gpt_analytic_profile
     except ImportError as err:
         raise ScalingError(
             "memory-aware sizing needs profiler.analytic (the analytic GPT profile), which cannot "
             f"be imported here: {err}"
         ) from None
-    from profiler.models.gpt import GPTConfig
-
-    cfg = GPTConfig(n_layer=shape.n_layer, n_embd=shape.d_model, n_head=shape.n_head,
-                    block_size=shape.seq_len, vocab_size=shape.vocab_size, batch_size=micro_batch,
-                    dropout=0.0, dtype=dtype)
-    return analytic.analytic_profile(cfg)
+    cfg = dict(n_layer=shape.n_layer, n_embd=shape.d_model, n_head=shape.n_head,
+               block_size=shape.seq_len, vocab_size=shape.vocab_size, batch_size=micro_batch,
+               dropout=0.0, bias=True, attention="flash", tie_weights=True, dtype=dtype)
+    return gpt_analytic_profile(cfg, device="cuda")
 
 
 def _strategy(requested: str, notes: list[str]) -> str:
@@ -125,9 +124,9 @@ def memory_aware_size(
     law: str | Law | None = None,
     seq_len: int = 2048,
     micro_batch: int = 1,
-    dtype: str = "bfloat16",
-    state_bytes_per_param: float = 16.0,
-    shard_states: bool = True,
+    dtype: str | None = None,
+    precision: str = "bf16-mixed",
+    zero_stage: int = 3,
     aspect_ratio: int = 128,
     head_dim: int = 128,
     vocab_size: int = 50304,
@@ -151,7 +150,10 @@ def memory_aware_size(
                     ("vocab_size", vocab_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ScalingError(f"{name}: must be a whole number >= 1, got {v!r}")
-    spb = check_positive("state_bytes_per_param", state_bytes_per_param)
+    from planner.precision import get_policy
+    from planner.sharding import sharded_fixed_bytes
+
+    policy = get_policy(precision)
     util = check_fraction("utilization", utilization)
     if peak_flops is None and device is not None:
         key = device.strip().upper()
@@ -162,6 +164,7 @@ def memory_aware_size(
     if peak_flops is not None:
         peak_flops = check_positive("peak_flops", peak_flops)
     lw = get_law(law)
+    dtype = dtype or policy.compute_dtype
     notes: list[str] = []
     strat = _strategy(strategy, notes)
     make = profile_fn or analytic_gpt_profile
@@ -175,7 +178,10 @@ def memory_aware_size(
         if key in cache:
             return cache[key]
         shape = shape_for_layers(n_layer, **shape_opts)
-        fixed = math.ceil(spb * shape.params / (n_devices if shard_states else 1))
+        d = shape.d_model
+        unit = max(12 * d * d + 13 * d, shape.vocab_size * d)  # a block, or the embedding
+        fixed = sharded_fixed_bytes(shape.params, n_gpus=n_devices, zero_stage=zero_stage,
+                                    policy=policy, gathered_params=unit).fixed_bytes
         if fixed >= mem:
             out = (False, None, shape, fixed)
         else:
@@ -226,7 +232,8 @@ def memory_aware_size(
         **base,
         device_memory_bytes=mem, n_devices=n_devices, n_layer=shape.n_layer,
         d_model=shape.d_model, n_head=shape.n_head, vocab_size=vocab_size, seq_len=seq_len,
-        micro_batch=micro_batch, dtype=dtype, fixed_bytes_per_device=fixed,
+        micro_batch=micro_batch, dtype=dtype, precision=policy.name, zero_stage=zero_stage,
+        fixed_bytes_per_device=fixed,
         activation_budget_bytes=mem - fixed, peak_bytes=pred.peak_bytes,
         total_peak_bytes=fixed + pred.peak_bytes, strategy=strat,
         recompute_overhead=pred.overhead, checkpoints=len(plan.checkpoints),
