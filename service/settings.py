@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings"]
@@ -61,6 +61,12 @@ class Settings(BaseSettings):
     plan_cache_size: int = Field(
         default=256, ge=0, description="identical plan requests answered from memory (0: off)"
     )
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_none(cls, value: object) -> object:
+        # MEMPLAN_API_KEY= (empty, as compose passes an unset variable) means no key
+        return None if isinstance(value, str) and not value.strip() else value
 
     @property
     def db_path(self) -> Path:
