@@ -226,6 +226,8 @@ def run_plan(
     if autocast_dtype is torch.float16:
         scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
         ref_scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
+        # the runner seeds d_L with the scale itself, so initialise the scaler's lazy state here
+        scaler.scale(torch.ones((), device=device))
 
     runner = ScheduleRunner(stages, ops, device=device, autocast_dtype=autocast_dtype, guards=guards)
     input_bytes = value_bytes(example_input)

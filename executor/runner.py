@@ -164,7 +164,11 @@ class ScheduleRunner:
                     with torch.enable_grad():
                         out = stage(inp)
                     rec[i] = (inp, _edges(out))
-                    act[i] = _alias(out, requires_grad=False)
+                    if act[i] is None:
+                        act[i] = _alias(out, requires_grad=False)
+                    # else: a_i is live (pinned by record i+1, say): keep it, and free the equal
+                    # new output; it was live during the op, which the replay does not count
+                    # (NOTE [ R on a live output ] in docs/executor.md)
             del out
         elif name == "drop":
             act[op[1]] = None

@@ -1,0 +1,72 @@
+"""The built-in families under every strategy: gradients equal to the unplanned step, buffers and
+counters equal after 3 steps, and the predicted peak within 2% of the measured one (CPU, exact
+allocation accounting). Mixed precision within its dtype's tolerance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import planner
+
+gpt = pytest.importorskip("profiler.models.gpt")
+measure = pytest.importorskip("profiler.measure")
+
+from executor import run_plan  # noqa: E402
+
+TINY = dict(n_layer=4, n_embd=32, n_head=2, block_size=16, vocab_size=64, batch_size=4)
+FEATURES = {
+    "dense": dict(),
+    "math": dict(attention="math", dropout=0.1),
+    "moe": dict(moe_experts=4, moe_top_k=2, moe_capacity_factor=1.0),
+    "exit": dict(exit_layers=(0, 1), exit_threshold=0.05),
+    "all": dict(moe_experts=4, moe_top_k=2, moe_capacity_factor=1.0, exit_layers=(1,),
+                exit_threshold=0.05, dropout=0.1),
+}
+
+
+def _strategies():
+    return sorted(planner.STRATEGIES)
+
+
+def _plans(prof):
+    store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
+    for strategy in _strategies():
+        plan = planner.plan(prof, strategy=strategy, budget_bytes=int(store * 0.75))
+        if not plan.schedule:
+            plan = planner.plan(prof, strategy=strategy)
+        yield strategy, plan
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+def test_gpt_every_strategy_exact_gradients_and_peak_within_2pct(feature):
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY, **FEATURES[feature]))
+    prof = measure.profile_chain(stages, idx, repeats=1, warmup=0)
+    for strategy, plan in _plans(prof):
+        r = run_plan(stages, idx, plan, profile=prof, steps=3)
+        assert r.status == "ok", (strategy, r.message)
+        assert r.grad_max_rel_diff <= 1e-6 and r.buffer_max_abs_diff == 0.0, strategy
+        assert abs(r.peak_error_pct) <= 2.0, (strategy, r.peak_error_pct)
+
+
+def test_conv_chain_batchnorm_every_strategy():
+    conv = pytest.importorskip("profiler.models.conv")
+    stages, x = conv.build_conv(conv.ConvConfig(channels=(4, 8), blocks=(1, 1), image_size=8,
+                                                batch_size=4))
+    prof = measure.profile_chain(stages, x, repeats=1, warmup=0)
+    for strategy, plan in _plans(prof):
+        r = run_plan(stages, x, plan, profile=prof, steps=3)
+        assert r.status == "ok" and r.buffer_max_abs_diff == 0.0, (strategy, r.message)
+        assert abs(r.peak_error_pct) <= 2.0, (strategy, r.peak_error_pct)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mixed_precision_within_dtype_tolerance(dtype):
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY, dropout=0.1))
+    prof = measure.profile_chain(stages, idx, repeats=1, warmup=0, autocast_dtype=dtype)
+    plan = planner.plan(prof, strategy="sqrt")
+    r = run_plan(stages, idx, plan, profile=prof, steps=3, autocast_dtype=dtype)
+    assert r.dtype == str(dtype).removeprefix("torch.")
+    assert r.status == "ok", r.message
+    assert r.grad_max_rel_diff <= r.tolerance
+    assert abs(r.loss - r.reference_loss) <= r.tolerance * abs(r.reference_loss)
