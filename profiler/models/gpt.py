@@ -157,8 +157,9 @@ def _validate(cfg: GPTConfig) -> None:
 def moe_capacity(cfg: GPTConfig) -> int:
     """Slots per expert: ceil(capacity_factor * tokens * k / experts) (Switch Transformer, eq. 3),
     fixed by the config so that every shape in the MoE layer is static."""
-    tokens = cfg.batch_size * cfg.block_size
-    return max(1, math.ceil(cfg.moe_capacity_factor * tokens * cfg.moe_top_k / cfg.moe_experts))
+    from profiler.analytic import moe_capacity as _capacity
+
+    return _capacity(cfg.batch_size * cfg.block_size, cfg.moe_top_k, cfg.moe_experts, cfg.moe_capacity_factor)
 
 
 class GPTShared:
