@@ -86,6 +86,22 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     for name, sub in problem.pop("$defs", {}).items():
         comps.setdefault(name, sub)
     comps["Problem"] = problem
+    from pydantic.json_schema import models_json_schema
+
+    from service.deps import BODY_MODELS
+
+    _, bodies = models_json_schema(
+        [(m, "validation") for m in BODY_MODELS.values()], ref_template="#/components/schemas/{model}"
+    )
+    for name, sub in bodies.get("$defs", {}).items():
+        comps.setdefault(name, sub)
+    from service.problems import problem_responses
+
+    for ops in schema.get("paths", {}).values():
+        for op in ops.values():
+            responses = op.get("responses", {})
+            if "HTTPValidationError" in str(responses.get("422", "")):
+                responses["422"] = problem_responses(422)[422]
     comps.pop("HTTPValidationError", None)
     comps.pop("ValidationError", None)
     app.openapi_schema = schema

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+import json
+import math
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Header, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 
 from service.jobs.store import JobStore
 from service.problems import ProblemError
 from service.settings import Settings
 
-__all__ = ["SettingsDep", "StoreDep", "require_api_key", "ApiKeyDep"]
+__all__ = ["SettingsDep", "StoreDep", "require_api_key", "ApiKeyDep", "json_body", "body_openapi"]
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def _settings(request: Request) -> Settings:
@@ -52,3 +59,62 @@ def require_api_key(
 
 
 ApiKeyDep = Depends(require_api_key)
+
+
+# -- strict JSON bodies ----------------------------------------------------------------------------
+
+_JSON_TYPES = ("application/json", "application/problem+json")
+
+
+def _whole_floats_to_int(value: Any) -> Any:
+    # JSON has one number type: 5.0 is the integer 5 (JSON Schema agrees), so it may fill an int
+    # field; strict validation then refuses only what is really wrong (strings for numbers, ...)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole_floats_to_int(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_floats_to_int(v) for v in value]
+    return value
+
+
+def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
+    """A dependency that parses the request body into `model` strictly: no numbers from strings,
+    no booleans from 0/1, no NaN or infinity, no unknown fields. Errors are 422 naming the field;
+    a non-JSON content type is 415."""
+
+    async def parse(request: Request) -> M:
+        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if ctype and ctype not in _JSON_TYPES and not ctype.endswith("+json"):
+            raise ProblemError(
+                415, f"Content-Type: {ctype!r} is not JSON; send application/json", kind="unsupported-media-type"
+            )
+        raw = await request.body()
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise RequestValidationError(
+                [{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON", "ctx": {"error": str(err)}}]
+            ) from None
+        try:
+            return model.model_validate(_whole_floats_to_int(data), strict=True)
+        except ValidationError as err:
+            raise RequestValidationError(
+                [{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False)]
+            ) from None
+
+    return parse
+
+
+def body_openapi(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` documenting a `json_body(model)` body (the app adds `model` to components)."""
+    BODY_MODELS[model.__name__] = model
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+        }
+    }
+
+
+BODY_MODELS: dict[str, type[BaseModel]] = {}

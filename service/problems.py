@@ -150,9 +150,13 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).description
-        return problem_response(
-            exc.status_code, detail, instance=request.url.path, headers=getattr(exc, "headers", None)
-        )
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            # every method of every route on this path (Starlette names only the first route's)
+            allowed = _allowed_methods(app, request)
+            headers["Allow"] = ", ".join(allowed)
+            detail = f"{request.method} is not allowed here; use {' or '.join(allowed)}"
+        return problem_response(exc.status_code, detail, instance=request.url.path, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -213,3 +217,50 @@ def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
             }
         out[code] = entry
     return out
+
+
+def call_library(
+    fn: Any, *args: Any, prefix: str = "body", value_errors: bool = True, **kwargs: Any
+) -> Any:
+    """`fn(*args, **kwargs)`, with the library's input errors as 422 problems: its ValueErrors
+    (PlanError, ProfileError, ScalingError name the field), and inputs so extreme that the result
+    cannot be represented (an overflow to infinity that the result's schema refuses, a division by
+    an underflowed zero)."""
+    from pydantic import ValidationError
+
+    try:
+        return fn(*args, **kwargs)
+    except ValidationError as err:
+        # the library built an invalid result (e.g. a time that overflowed to infinity)
+        first = err.errors()[0] if err.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())) or err.title
+        raise ProblemError(
+            422,
+            f"the input is out of the representable range: {err.title}.{where}: "
+            f"{_message(dict(first))}; use realistic sizes and times",
+            kind="out-of-range",
+        ) from None
+    except ArithmeticError as err:
+        raise ProblemError(
+            422,
+            f"the input is out of the representable range ({type(err).__name__}: {err}); "
+            "use realistic values",
+            kind="out-of-range",
+        ) from None
+    except ValueError as err:
+        if not value_errors:
+            raise
+        raise library_error(err, prefix=prefix) from None
+
+
+def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match in (Match.FULL, Match.PARTIAL):
+            methods |= set(getattr(route, "methods", None) or ())
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)

@@ -18,8 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 import planner
 from planner.schema import Plan, PlanError
 from profiler.schema import Profile, ProfileError
-from service.deps import SettingsDep, require_api_key
-from service.problems import FieldError, ProblemError, library_error, problem_responses
+from service.deps import SettingsDep, body_openapi, json_body, require_api_key
+from service.problems import (
+    FieldError,
+    ProblemError,
+    call_library,
+    library_error,
+    problem_responses,
+)
 
 __all__ = ["router", "PlanRequest", "FrontierRequest"]
 
@@ -110,9 +116,12 @@ def _check_stages(profile: Profile, max_stages: int) -> None:
     summary="Plan checkpoints for a profile within a memory budget",
     description="Returns the `Plan` of `planner.plan`. An infeasible budget is a 200 with "
     "`feasible: false` and the reason in `message`; invalid input is a 422 naming the field.",
-    responses=problem_responses(401, 413, 422),
+    responses=problem_responses(401, 413, 415, 422),
+    openapi_extra=body_openapi(PlanRequest),
 )
-def create_plan(body: PlanRequest, request: Request, settings: SettingsDep) -> Response:
+def create_plan(
+    body: Annotated[PlanRequest, Depends(json_body(PlanRequest))], request: Request, settings: SettingsDep
+) -> Response:
     _check_stages(body.profile, settings.max_stages)
     key = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
     cache = _cache(request, settings.plan_cache_size)
@@ -122,7 +131,11 @@ def create_plan(body: PlanRequest, request: Request, settings: SettingsDep) -> R
         if body.strategy is not None:
             kwargs["strategy"] = body.strategy
         try:
-            plan = planner.plan(body.profile, budget_bytes=body.budget_bytes, **kwargs)
+            plan = call_library(
+                planner.plan, body.profile, budget_bytes=body.budget_bytes, value_errors=False, **kwargs
+            )
+        except ProblemError:
+            raise
         except (PlanError, ProfileError) as err:
             raise library_error(err, prefix="body.options" if _is_option_error(err, body) else "body") from None
         except TypeError as err:
@@ -149,13 +162,14 @@ def _is_option_error(err: Exception, body: PlanRequest) -> bool:
                 "image/png": {"schema": {"type": "string", "format": "binary"}},
             },
         },
-        **problem_responses(401, 406, 413, 422, 501),
+        **problem_responses(401, 406, 413, 415, 422, 501),
     },
+    openapi_extra=body_openapi(FrontierRequest),
 )
 def create_frontier(
-    body: FrontierRequest,
+    body: Annotated[FrontierRequest, Depends(json_body(FrontierRequest))],
     settings: SettingsDep,
-    accept: Annotated[str | None, Header()] = None,
+    accept: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Response:
     _check_stages(body.profile, settings.max_stages)
     media = _negotiate(accept, ("application/json", "image/png"))
@@ -165,7 +179,9 @@ def create_frontier(
             501, "planner.frontier is not available in this build of memplan", kind="not-implemented"
         )
     try:
-        result = frontier_fn(body.profile, **body.options)
+        result = call_library(frontier_fn, body.profile, **body.options)
+    except ProblemError:
+        raise
     except (PlanError, ProfileError) as err:
         raise library_error(err, prefix="body") from None
     except TypeError as err:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.deps import SettingsDep, StoreDep, require_api_key
+from service.deps import SettingsDep, StoreDep, body_openapi, json_body, require_api_key
 from service.jobs.store import Job, JobState
 from service.problems import problem_responses
 from service.routers import _jobs
@@ -48,15 +48,20 @@ class ProfileRequest(BaseModel):
     "it has succeeded. `Prefer: wait=N` waits up to N seconds (at most 60) and answers 200 if done.",
     responses={
         200: {"description": "finished within the wait, or a replay", "model": Job},
-        **problem_responses(401, 413, 422, 429),
+        **problem_responses(401, 413, 415, 422, 429),
     },
+    openapi_extra=body_openapi(ProfileRequest),
 )
 async def create_profile(
-    body: ProfileRequest,
+    body: Annotated[ProfileRequest, Depends(json_body(ProfileRequest))],
     store: StoreDep,
     settings: SettingsDep,
-    idempotency_key: Annotated[str | None, Header()] = None,
-    prefer: Annotated[str | None, Header()] = None,
+    idempotency_key: Annotated[
+        str | None, Header(min_length=1, max_length=255, description="same key, same body: same job")
+    ] = None,
+    prefer: Annotated[
+        str | None, Header(max_length=200, description="'wait=N': wait up to N s (at most 60)")
+    ] = None,
 ) -> JSONResponse:
     return await _jobs.submit(
         kind="profile", body=body, base_path="/v1/profiles", store=store, settings=settings,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.deps import SettingsDep, StoreDep, require_api_key
+from service.deps import SettingsDep, StoreDep, body_openapi, json_body, require_api_key
 from service.jobs.store import Job, JobState
 from service.problems import problem_responses
 from service.routers import _jobs
@@ -51,7 +51,7 @@ class RunRequest(BaseModel):
 
 _JOB_RESPONSES = {
     202: {"description": "accepted; poll the Location", "model": Job},
-    **problem_responses(401, 413, 422, 429),
+    **problem_responses(401, 413, 415, 422, 429),
 }
 
 
@@ -64,13 +64,18 @@ _JOB_RESPONSES = {
     "same body returns the same run (200 once finished); `Prefer: wait=N` waits up to N seconds "
     "(at most 60) for it to finish.",
     responses={200: {"description": "finished within the wait, or a replay", "model": Job}, **_JOB_RESPONSES},
+    openapi_extra=body_openapi(RunRequest),
 )
 async def create_run(
-    body: RunRequest,
+    body: Annotated[RunRequest, Depends(json_body(RunRequest))],
     store: StoreDep,
     settings: SettingsDep,
-    idempotency_key: Annotated[str | None, Header()] = None,
-    prefer: Annotated[str | None, Header()] = None,
+    idempotency_key: Annotated[
+        str | None, Header(min_length=1, max_length=255, description="same key, same body: same job")
+    ] = None,
+    prefer: Annotated[
+        str | None, Header(max_length=200, description="'wait=N': wait up to N s (at most 60)")
+    ] = None,
 ) -> JSONResponse:
     return await _jobs.submit(
         kind="run", body=body, base_path="/v1/runs", store=store, settings=settings,
@@ -114,7 +119,23 @@ def cancel_run(run_id: JobId, store: StoreDep) -> JSONResponse:
     "resuming through `Last-Event-ID`), then one `end` event with the finished run.",
     response_class=StreamingResponse,
     responses={
-        200: {"description": "the event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+        200: {
+            "description": "the event stream",
+            "content": {
+                "text/event-stream": {
+                    "schema": {
+                        "type": "object",
+                        "description": "one server-sent event; `data` is JSON",
+                        "properties": {
+                            "event": {"type": "string", "enum": ["state", "progress", "log", "end"]},
+                            "data": {"type": "string"},
+                            "id": {"type": "string"},
+                            "retry": {"type": "integer"},
+                        },
+                    }
+                }
+            },
+        },
         **problem_responses(401, 404, 422),
     },
 )
@@ -124,7 +145,9 @@ async def run_events(
     store: StoreDep,
     settings: SettingsDep,
     after: Annotated[int | None, Query(ge=0, description="resume after this event id")] = None,
-    last_event_id: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[
+        str | None, Header(pattern=r"^\s*[0-9]{1,18}\s*$", description="resume after this event id")
+    ] = None,
 ) -> StreamingResponse:
     job = _jobs.get_or_404(store, run_id, kind="run")
     start = _jobs.last_event_id(last_event_id, after)

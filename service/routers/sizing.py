@@ -17,8 +17,13 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.deps import require_api_key
-from service.problems import FieldError, ProblemError, library_error, problem_responses
+from service.deps import body_openapi, json_body, require_api_key
+from service.problems import (
+    FieldError,
+    ProblemError,
+    call_library,
+    problem_responses,
+)
 
 __all__ = ["router", "FitRequest"]
 
@@ -61,43 +66,48 @@ def get_sizing(
     strategy: Annotated[str, Query(max_length=32, description="checkpoint strategy (memory)")] = "optimal",
     law: Annotated[LawName | None, Query(description="null: the library's default")] = None,
 ) -> Response:
+    query = dict(locals())
+    result = call_library(_sizing, prefix="query", **query)
+    return Response(result.model_dump_json(), media_type="application/json")
+
+
+def _sizing(
+    *, compute_flops, params, target_loss, tokens, inference_tokens, unique_tokens, memory_bytes,
+    devices, seq_len, micro_batch, peak_flops, device, utilization, strategy, law,
+) -> Any:
+    """The library call the query names (NOTE [ Which query ])."""
     from planner import scaling
 
-    try:
-        if memory_bytes is not None:
-            result: Any = scaling.memory_aware_size(
-                memory_bytes, n_devices=devices, law=law, seq_len=seq_len, micro_batch=micro_batch,
-                device=device, peak_flops=peak_flops, utilization=utilization, strategy=strategy,
-            )
-        elif unique_tokens is not None:
-            if compute_flops is not None:
-                result = scaling.data_constrained_optimal(compute_flops, unique_tokens, law=law)
-            elif params is not None and tokens is not None:
-                result = scaling.data_constrained_loss(params, tokens, unique_tokens, law=law)
-            else:
-                raise _bad("unique_tokens", "give compute_flops (the best N, D), or params and tokens (their loss)")
-        elif inference_tokens is not None:
-            if (compute_flops is None) == (target_loss is None):
-                raise _bad("inference_tokens", "give one of compute_flops or target_loss")
-            result = scaling.inference_aware(inference_tokens, target_loss=target_loss, flops=compute_flops, law=law)
+    if memory_bytes is not None:
+        result: Any = scaling.memory_aware_size(
+            memory_bytes, n_devices=devices, law=law, seq_len=seq_len, micro_batch=micro_batch,
+            device=device, peak_flops=peak_flops, utilization=utilization, strategy=strategy,
+        )
+    elif unique_tokens is not None:
+        if compute_flops is not None:
+            result = scaling.data_constrained_optimal(compute_flops, unique_tokens, law=law)
+        elif params is not None and tokens is not None:
+            result = scaling.data_constrained_loss(params, tokens, unique_tokens, law=law)
         else:
-            given = [k for k, v in (("compute_flops", compute_flops), ("params", params),
-                                    ("target_loss", target_loss)) if v is not None]
-            if len(given) != 1:
-                raise _bad(given[1] if len(given) > 1 else "compute_flops",
-                           "give exactly one of compute_flops, params or target_loss"
-                           + (f" (got {', '.join(given)})" if given else ""))
-            if compute_flops is not None:
-                result = scaling.compute_optimal(compute_flops, law=law)
-            elif params is not None:
-                result = scaling.optimal_for_params(params, law=law)
-            else:
-                result = scaling.cheapest_for_loss(target_loss, law=law)  # type: ignore[arg-type]
-    except ProblemError:
-        raise
-    except ValueError as err:  # ScalingError, PlanError: the library's input errors
-        raise library_error(err, prefix="query") from None
-    return Response(result.model_dump_json(), media_type="application/json")
+            raise _bad("unique_tokens", "give compute_flops (the best N, D), or params and tokens (their loss)")
+    elif inference_tokens is not None:
+        if (compute_flops is None) == (target_loss is None):
+            raise _bad("inference_tokens", "give one of compute_flops or target_loss")
+        result = scaling.inference_aware(inference_tokens, target_loss=target_loss, flops=compute_flops, law=law)
+    else:
+        given = [k for k, v in (("compute_flops", compute_flops), ("params", params),
+                                ("target_loss", target_loss)) if v is not None]
+        if len(given) != 1:
+            raise _bad(given[1] if len(given) > 1 else "compute_flops",
+                       "give exactly one of compute_flops, params or target_loss"
+                       + (f" (got {', '.join(given)})" if given else ""))
+        if compute_flops is not None:
+            result = scaling.compute_optimal(compute_flops, law=law)
+        elif params is not None:
+            result = scaling.optimal_for_params(params, law=law)
+        else:
+            result = scaling.cheapest_for_loss(target_loss, law=law)  # type: ignore[arg-type]
+    return result
 
 
 class RunPoint(BaseModel):
@@ -133,10 +143,11 @@ class FitRequest(BaseModel):
     summary="Fit L = E + A/N^alpha + B/D^beta to runs (Huber on log loss, global search, bootstrap)",
     responses={
         200: {"description": "the fit (`FitResult`)", "content": {"application/json": {"schema": {"type": "object"}}}},
-        **problem_responses(401, 413, 422),
+        **problem_responses(401, 413, 415, 422),
     },
+    openapi_extra=body_openapi(FitRequest),
 )
-def post_fit(body: FitRequest) -> Response:
+def post_fit(body: Annotated[FitRequest, Depends(json_body(FitRequest))]) -> Response:
     from planner import scaling
 
     rows = []
@@ -151,12 +162,9 @@ def post_fit(body: FitRequest) -> Response:
             422, f"runs.{i}: give tokens or flops", kind="invalid-input",
             errors=[FieldError(field=f"body.runs.{i}.tokens", message="give tokens or flops")],
         )
-    try:
-        result = scaling.fit_law(
-            rows, method=body.method, alpha_equals_beta=body.alpha_equals_beta, fixed_E=body.fixed_E,
-            bootstrap=body.bootstrap, seed=body.seed, confidence=body.confidence,
-            flops=body.flops or None,
-        )
-    except ValueError as err:
-        raise library_error(err, prefix="body") from None
+    result = call_library(
+        scaling.fit_law, rows, method=body.method, alpha_equals_beta=body.alpha_equals_beta,
+        fixed_E=body.fixed_E, bootstrap=body.bootstrap, seed=body.seed, confidence=body.confidence,
+        flops=body.flops or None, prefix="body",
+    )
     return Response(result.model_dump_json(), media_type="application/json")
