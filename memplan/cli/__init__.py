@@ -6,8 +6,10 @@ inside each command, so that `memplan --help` is instant.
 
 from __future__ import annotations
 
+from memplan.cli import frontier as _frontier  # noqa: F401  (registers frontier)
 from memplan.cli import plan as _plan  # noqa: F401  (registers plan, simulate)
 from memplan.cli import profile as _profile  # noqa: F401  (registers profile)
+from memplan.cli import run as _run  # noqa: F401  (registers run)
 from memplan.cli import serve as _serve  # noqa: F401  (registers serve, worker, info, runs)
 from memplan.cli import size as _size  # noqa: F401  (registers size, fit)
 from memplan.cli._app import app

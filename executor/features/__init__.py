@@ -1,0 +1,55 @@
+"""Features applied to built stages before profiling: quantization-aware training and pruning.
+
+Model-level features (mixture of experts, flash attention, early exit) are options of the model
+family (profiler.models.gpt.GPTConfig); `model_options` maps feature names to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["FEATURES", "apply_features", "model_options", "check_features"]
+
+FEATURES = ("moe", "flash", "qat", "prune", "exit")
+
+
+def check_features(features: Sequence[str]) -> list[str]:
+    """The feature names, validated (one error naming the unknown one)."""
+    out = []
+    for f in features:
+        f = f.strip()
+        if not f:
+            continue
+        if f not in FEATURES:
+            raise ValueError(f"--features: unknown {f!r}; choose from {', '.join(FEATURES)}")
+        out.append(f)
+    if "prune" in out and "moe" in out:
+        raise ValueError("--features: prune removes dense MLP channels; it does not apply with moe")
+    return out
+
+
+def model_options(features: Sequence[str], n_layer: int) -> dict:
+    """GPTConfig options for the model-level features."""
+    opts: dict = {"attention": "flash" if "flash" in features else "math"}
+    if "moe" in features:
+        opts.update(moe_experts=4, moe_top_k=2, moe_capacity_factor=1.0)
+    if "exit" in features and n_layer >= 2:
+        opts.update(exit_layers=(max(0, n_layer // 2 - 1),), exit_threshold=0.05)
+    return opts
+
+
+def apply_features(stages, features: Sequence[str]) -> tuple[list[str], dict]:
+    """Apply the stage-level features (qat, prune) in place. Returns notes and metrics."""
+    notes: list[str] = []
+    extras: dict = {}
+    if "prune" in features:
+        from executor.features.prune import prune_ffn
+
+        note, metrics = prune_ffn(stages)
+        notes.append(note)
+        extras["prune"] = metrics
+    if "qat" in features:
+        from executor.features.qat import apply_qat
+
+        notes.append(apply_qat(stages))
+    return notes, extras

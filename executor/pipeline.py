@@ -1,0 +1,107 @@
+"""Profile, plan, run and compare a built-in model in one call (what `memplan run` and the demo do)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from executor.report import ExecutorError, RunReport
+
+__all__ = ["RunSpec", "run_builtin"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunSpec:
+    model: str = "gpt"  # "gpt" or "conv"
+    n_layer: int = 6  # GPT blocks (conv: residual blocks per group)
+    n_embd: int = 128  # GPT width
+    n_head: int = 4  # GPT heads
+    block_size: int = 64  # GPT sequence length
+    vocab_size: int = 512  # GPT vocabulary
+    batch_size: int = 8  # examples per step
+    dropout: float = 0.1  # GPT dropout (exercises the RNG guard)
+    budget_bytes: int | None = None  # activation budget; None: no limit
+    strategy: str = "optimal"  # planner strategy
+    features: Sequence[str] = field(default_factory=tuple)  # moe, flash, qat, prune, exit
+    steps: int = 3  # training steps run and compared
+    repeats: int = 3  # profiling repeats per stage
+    autocast_dtype: str | None = None  # None, "bfloat16" or "float16"
+
+
+def _build(spec: RunSpec):
+    from executor.features import model_options
+
+    if spec.model == "gpt":
+        from profiler.models.gpt import GPTConfig, build_gpt
+
+        cfg = GPTConfig(n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head,
+                        block_size=spec.block_size, vocab_size=spec.vocab_size,
+                        batch_size=spec.batch_size, dropout=spec.dropout,
+                        **model_options(spec.features, spec.n_layer))
+        return build_gpt(cfg)
+    if spec.model == "conv":
+        bad = set(spec.features) - {"qat"}
+        if bad:
+            raise ExecutorError(f"--features: {', '.join(sorted(bad))} apply to the GPT model only")
+        from profiler.models.conv import ConvConfig, build_conv
+
+        return build_conv(ConvConfig(blocks=(spec.n_layer,) * 3, batch_size=spec.batch_size))
+    raise ExecutorError(f"--model: unknown {spec.model!r}; use gpt or conv")
+
+
+def run_builtin(spec: RunSpec, *, progress: Callable[[str, int, int], None] | None = None
+                ) -> tuple[RunReport, object, object]:
+    """Build the model, apply features, profile (re-profile after pruning), plan and run.
+
+    Returns (report, profile, plan). `progress(phase, done, total)` is called as work advances."""
+    import torch
+
+    import planner
+    from executor.features import apply_features, check_features
+    from executor.run import run_plan
+    from profiler.measure import profile_chain
+
+    features = check_features(spec.features)
+    spec.features = features
+    if spec.strategy not in planner.STRATEGIES:
+        raise ExecutorError(f"--strategy: unknown {spec.strategy!r}; choose one of "
+                            f"{', '.join(planner.STRATEGIES)}")
+    dtype = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.autocast_dtype, "bad")
+    if dtype == "bad":
+        raise ExecutorError(f"--autocast: use bfloat16 or float16, got {spec.autocast_dtype!r}")
+    stages, x = _build(spec)
+    extras: dict = {}
+    prof_kw = dict(repeats=spec.repeats, warmup=1, name=spec.model, autocast_dtype=dtype)
+
+    def prof_progress(done, total, what):
+        if progress:
+            progress("profile", done, total)
+
+    if "prune" in features:  # plan the unpruned model too, to show what pruning changed
+        before = profile_chain(stages, x, progress=prof_progress, **prof_kw)
+        extras["before_prune_store_all_peak_bytes"] = planner.plan(before, strategy="store-all").predicted.peak_bytes
+    notes, feat_extras = apply_features(stages, features)
+    extras.update(feat_extras)
+    prof = profile_chain(stages, x, progress=prof_progress, **prof_kw)
+    plan = planner.plan(prof, budget_bytes=spec.budget_bytes, strategy=spec.strategy)
+    if not plan.schedule:
+        raise ExecutorError(f"--budget: {plan.message}")
+    report = run_plan(stages, x, plan, profile=prof, steps=spec.steps, autocast_dtype=dtype,
+                      features=features,
+                      on_step=(lambda d, t: progress("run", d, t)) if progress else None)
+    if spec.model == "gpt":
+        from profiler.models.gpt import gpt_report
+
+        g = gpt_report(stages)
+        extras["gpt"] = g
+        used = {v["used"] for v in g["attention"].values()}
+        if "flash" in features and used != {"flash"}:
+            reasons = {v["fallback_reason"] for v in g["attention"].values() if v["fallback_reason"]}
+            notes.append(f"flash requested, math path used: {'; '.join(sorted(reasons))}")
+        elif used:
+            notes.append(f"attention: {', '.join(sorted(used))}")
+    report = report.model_copy(update={"notes": report.notes + notes, "extras": extras})
+    return report, prof, plan

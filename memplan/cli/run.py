@@ -1,0 +1,99 @@
+"""`memplan run`: profile, plan, run and compare a built-in model in one command."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from memplan.cli._app import app, console, echo_json, user_errors
+
+
+@app.command("run")
+@user_errors
+def run_cmd(
+    model: Annotated[str, typer.Option(help="built-in model: gpt or conv")] = "gpt",
+    n_layer: Annotated[int, typer.Option(help="GPT blocks (conv: blocks per group)")] = 6,
+    d_model: Annotated[int, typer.Option(help="GPT width")] = 128,
+    n_head: Annotated[int, typer.Option(help="GPT attention heads")] = 4,
+    seq: Annotated[int, typer.Option(help="GPT sequence length")] = 64,
+    vocab: Annotated[int, typer.Option(help="GPT vocabulary size")] = 512,
+    batch: Annotated[int, typer.Option(help="examples per step")] = 8,
+    dropout: Annotated[float, typer.Option(help="GPT dropout")] = 0.1,
+    budget: Annotated[str | None, typer.Option(help="activation budget: 2GiB, 8e9, ...")] = None,
+    strategy: Annotated[str, typer.Option(help="store-all, uniform, sqrt, heuristic, optimal")] = "optimal",
+    features: Annotated[str, typer.Option(help="comma list: moe,flash,qat,prune,exit")] = "",
+    steps: Annotated[int, typer.Option(help="training steps run and compared")] = 3,
+    autocast: Annotated[str | None, typer.Option(help="bfloat16 or float16 autocast")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the RunReport as JSON")] = False,
+) -> None:
+    """Profile, plan, run and compare a built-in model: predicted against measured."""
+    from executor.pipeline import RunSpec, run_builtin
+    from memplan.units import parse_bytes
+
+    spec = RunSpec(model=model, n_layer=n_layer, n_embd=d_model, n_head=n_head, block_size=seq,
+                   vocab_size=vocab, batch_size=batch, dropout=dropout,
+                   budget_bytes=parse_bytes(budget, field="--budget") if budget else None,
+                   strategy=strategy, features=[f for f in features.split(",") if f.strip()],
+                   steps=steps, autocast_dtype=autocast)
+    if json_out:
+        report, _, _ = run_builtin(spec)
+        echo_json(report)
+    else:
+        report = _run_with_progress(spec, run_builtin)
+        print_report(report)
+    if report.status != "ok":
+        raise typer.Exit(1)
+
+
+def _run_with_progress(spec, run_builtin):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console(), transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(phase, done, total):
+            if phase not in tasks:
+                tasks[phase] = bar.add_task({"profile": "profiling stages", "run": "running steps"}[phase], total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        report, _, _ = run_builtin(spec, progress=progress)
+    return report
+
+
+def print_report(report) -> None:
+    """The predicted-against-measured table and the comparison with the unplanned step."""
+    from rich.table import Table
+
+    from memplan.units import format_bytes
+
+    def pct(v):
+        return "-" if v is None else f"{v:+.2f}%"
+
+    out = console()
+    t = Table(title=f"{report.strategy} plan, {report.n_stages} stages, {report.steps} steps "
+                    f"({report.device}, {report.dtype})")
+    for col in ("", "predicted", "measured", "error"):
+        t.add_column(col, justify="right" if col else "left")
+    t.add_row("peak activations", format_bytes(report.predicted_peak_bytes),
+              format_bytes(report.measured_peak_bytes), pct(report.peak_error_pct))
+    t.add_row("step time", f"{report.predicted_time_s * 1e3:.2f} ms" if report.predicted_time_s is not None else "-",
+              f"{report.measured_time_s * 1e3:.2f} ms", pct(report.time_error_pct))
+    t.add_row("fixed (params, grads, optimizer)", format_bytes(report.predicted_fixed_bytes),
+              format_bytes(report.measured_fixed_bytes), "")
+    out.print(t)
+    if report.predicted_overhead is not None:
+        out.print(f"recompute overhead (predicted): +{report.predicted_overhead:.1%}; "
+                  f"forwards per stage: {report.forward_counts}")
+    colour = "green" if report.status == "ok" else "red"
+    out.print(f"[{colour}]{report.status}[/{colour}]: {report.message}")
+    if report.grad_max_rel_diff is not None:
+        out.print(f"gradients vs the unplanned step: max abs diff {report.grad_max_abs_diff:.3g}, "
+                  f"max rel diff {report.grad_max_rel_diff:.3g} (tolerance {report.tolerance:.3g}); "
+                  f"buffers {report.buffer_max_abs_diff:.3g}")
+    for note in [*report.guard_notes, *report.notes]:
+        out.print(f"  - {note}")
+    exits = report.extras.get("gpt", {}).get("exit")
+    if exits:
+        out.print(f"  - early exit: {exits}")
