@@ -28,6 +28,7 @@ __all__ = [
     "PlanError",
     "ProfileError",
     "Simulation",
+    "frontier",
 ]
 
 # name -> "module:function"; each function is `(profile, budget_bytes, **options) -> Plan`.
@@ -36,6 +37,7 @@ STRATEGIES: dict[str, str] = {
     "uniform": "planner.uniform:plan_uniform",
     "sqrt": "planner.sqrt:plan_sqrt",
     "heuristic": "planner.heuristic:plan_heuristic",
+    "optimal": "planner.optimal:plan_optimal",
 }
 
 
@@ -50,7 +52,7 @@ def plan(
     profile: Profile | dict | str,
     *,
     budget_bytes: int | None = None,
-    strategy: str = "uniform",
+    strategy: str = "optimal",
     **options: Any,
 ) -> Plan:
     """A checkpoint plan for `profile` (a Profile, dict or JSON text) whose activation peak
@@ -73,3 +75,5 @@ def plan(
             )
     return fn(prof, check_budget(budget_bytes), **options)
 
+
+from planner.frontier import frontier  # noqa: E402  (needs plan and STRATEGIES above)

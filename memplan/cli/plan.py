@@ -44,8 +44,12 @@ def plan_cmd(
     memory: Annotated[
         str | None, typer.Option(help="device memory instead: the budget is this minus fixed_bytes")
     ] = None,
-    strategy: Annotated[str, typer.Option(help="store-all, uniform, sqrt, heuristic, optimal")] = "uniform",
+    strategy: Annotated[str, typer.Option(help="store-all, uniform, sqrt, heuristic, optimal")] = "optimal",
     k: Annotated[int | None, typer.Option(help="uniform: checkpoint every k stages")] = None,
+    max_overhead: Annotated[
+        float | None,
+        typer.Option(help="optimal: least memory for at most this slowdown (0.2 = 20%)"),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the Plan as JSON")] = False,
 ) -> None:
     """Plan checkpoints for PROFILE within a memory budget."""
@@ -53,6 +57,8 @@ def plan_cmd(
 
     prof = _load_profile(profile)
     options = {"k": k} if k is not None else {}
+    if max_overhead is not None:
+        options["max_overhead"] = max_overhead
     plan = planner.plan(
         prof, budget_bytes=_budget(budget, memory, prof.fixed_bytes), strategy=strategy, **options
     )

@@ -1,0 +1,66 @@
+"""`memplan frontier`: the optimal planner's memory-time trade-off, with the baselines beside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memplan.cli._app import app, console, echo_json, read_json, user_errors
+
+
+@app.command("frontier")
+@user_errors
+def frontier_cmd(
+    profile: Annotated[Path, typer.Argument(help="profile JSON (see `memplan profile`), or -")],
+    points: Annotated[
+        int | None, typer.Option(help="thin to about N points spread evenly in memory")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(help="write the frontier as a PNG here")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the Frontier as JSON")] = False,
+) -> None:
+    """The Pareto set of (peak, time) from the store-all peak down to the least feasible budget."""
+    import planner
+    from planner.frontier import plot_frontier
+    from profiler.schema import load_profile
+
+    prof = load_profile(read_json(profile, what="profile"))
+    if points is not None and points < 2:
+        raise ValueError(f"--points: expected an integer >= 2, got {points}")
+    result = planner.frontier(prof, points=points)
+    if plot is not None:
+        if plot.suffix.lower() != ".png":
+            raise ValueError(f"--plot: {str(plot)!r} should end in .png")
+        plot_frontier(result, plot)
+    if json_out:
+        echo_json(result)
+        return
+    _print(result, plot)
+
+
+def _print(result, plot) -> None:
+    from rich.table import Table
+
+    from memplan.units import format_bytes
+
+    out = console()
+    table = Table(title=f"{result.profile_name}: memory-time frontier ({result.mode})")
+    for col in ("peak", "bytes", "time", "overhead"):
+        table.add_column(col, justify="right")
+    for p in result.points:
+        table.add_row(format_bytes(p.peak_bytes), str(p.peak_bytes), f"{p.time_s:.6g} s",
+                      f"+{p.overhead:.1%}")
+    out.print(table)
+    base = Table(title="baselines")
+    for col in ("strategy", "peak", "time", "overhead", "dominated"):
+        base.add_column(col, justify="left" if col == "strategy" else "right")
+    for b in result.baselines:
+        base.add_row(b.label, format_bytes(b.peak_bytes), f"{b.time_s:.6g} s", f"+{b.overhead:.1%}",
+                     "yes" if b.dominated else "[red]no[/red]")
+    out.print(base)
+    out.print(
+        f"{result.n_pareto} Pareto points from {format_bytes(result.store_all_peak_bytes)} (store-all) "
+        f"down to {format_bytes(result.least_peak_bytes)} (least feasible)"
+        + (f"; plot written to {plot}" if plot else "")
+    )

@@ -1,0 +1,168 @@
+"""Optimal checkpointing: the least-time persistent schedule within a memory budget, exact in bytes.
+
+The dynamic programme of Beaumont et al. 2019 ("Optimal checkpointing for heterogeneous chains"),
+adapted to ../shared/docs/chain-model.md and kept as exact Pareto frontiers (peak bytes, seconds)
+per sub-chain: see planner/_optimal_dp.py. It also answers the inverse question (`max_overhead`:
+the least memory whose time is at most (1 + max_overhead) x the store-all time).
+
+NOTE [ exact and approximate modes ]
+The exact frontier DP costs about L^3 x (frontier size) steps in Python: well under a second up to
+about 40 stages, tens of seconds at 100 (docs/planner.md has the measurements). Above
+`exact_max_stages` stages the planner groups consecutive stages into macro stages and solves the
+same recurrence exactly over them: every schedule it returns is a valid schedule of the original
+chain and its prediction is a replay, but schedules that cut inside a group are not searched. The
+plan says so (`options["mode"] == "grouped"`, `options["groups"]`) and reports the least peak the
+exact recurrence allows, which the grouped plan may miss.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from planner._build import finish_plan, infeasible_plan, insert_drops
+from planner._optimal_dp import (
+    Frontiers,
+    costs_of,
+    expand_ops,
+    group_costs,
+    least_peak,
+    schedule_ops,
+    solve,
+)
+from planner.schema import Plan, PlanError
+from planner.simulate import _replay, store_all_time
+from profiler.schema import Profile
+
+__all__ = ["plan_optimal", "solve_frontier", "EXACT_MAX_STAGES", "DEFAULT_GROUPS"]
+
+log = logging.getLogger(__name__)
+
+EXACT_MAX_STAGES = 64  # above this, group stages (the exact DP takes seconds beyond ~60 stages)
+DEFAULT_GROUPS = 48  # macro stages in grouped mode (about a second of solving)
+
+
+def _groups(n_stages: int, groups: int) -> list[tuple[int, int]]:
+    """`groups` contiguous runs of stages whose sizes differ by at most one."""
+    g = max(1, min(groups, n_stages))
+    base, extra = divmod(n_stages, g)
+    bounds, p = [], 1
+    for k in range(g):
+        q = p + base + (1 if k < extra else 0) - 1
+        bounds.append((p, q))
+        p = q + 1
+    return bounds
+
+
+def solve_frontier(
+    profile: Profile,
+    *,
+    cap_bytes: int | None = None,
+    exact_max_stages: int = EXACT_MAX_STAGES,
+    groups: int = DEFAULT_GROUPS,
+) -> tuple[Frontiers, list[tuple[int, int]] | None]:
+    """The DP's frontiers for `profile` (points above `cap_bytes` dropped) and the stage groups
+    used (None: exact, one stage per macro stage)."""
+    c = costs_of(profile)
+    L = profile.n_stages
+    bounds = None
+    if L > exact_max_stages:
+        bounds = _groups(L, groups)
+        c = group_costs(c, bounds)
+        log.info("optimal: %d stages > exact_max_stages=%d; solving over %d groups",
+                 L, exact_max_stages, len(bounds))
+    return solve(c, cap=cap_bytes), bounds
+
+
+def _ops_for(fr: Frontiers, bounds, peak: int, n_stages: int):
+    ops = schedule_ops(fr, peak)
+    if bounds is not None:
+        ops = expand_ops(ops, bounds)
+    return insert_drops(ops, n_stages)
+
+
+def _check_options(max_overhead, exact_max_stages, groups) -> None:
+    if max_overhead is not None:
+        if isinstance(max_overhead, bool) or not isinstance(max_overhead, (int, float)) or not (
+            math.isfinite(max_overhead) and max_overhead >= 0
+        ):
+            raise PlanError(
+                f"max_overhead: expected a finite fraction >= 0 (0.2 for at most 20% slower), "
+                f"got {max_overhead!r}"
+            )
+    for name, val in (("exact_max_stages", exact_max_stages), ("groups", groups)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise PlanError(f"{name}: expected a positive integer, got {val!r}")
+
+
+def plan_optimal(
+    profile: Profile,
+    budget_bytes: int | None = None,
+    *,
+    max_overhead: float | None = None,
+    exact_max_stages: int = EXACT_MAX_STAGES,
+    groups: int = DEFAULT_GROUPS,
+) -> Plan:
+    """The fastest persistent schedule whose peak (bytes above fixed memory) fits `budget_bytes`.
+
+    - No budget and no `max_overhead`: the fastest schedule (store-all time) at its least peak.
+    - `max_overhead` (a fraction, 0.2 = 20%): the least peak whose time is at most
+      (1 + max_overhead) x store-all time; with a budget too, infeasible when that peak is over it.
+    - Infeasible budgets give `feasible=False` and the least budget that fits in the message.
+
+    Returns a `Plan` (times in seconds, sizes in bytes, from a replay of its schedule). Chains of
+    more than `exact_max_stages` stages are solved over `groups` macro stages (NOTE [ exact and
+    approximate modes ]); `options` says which mode ran.
+    """
+    _check_options(max_overhead, exact_max_stages, groups)
+    L = profile.n_stages
+    cap = budget_bytes if max_overhead is None else None
+    fr, bounds = solve_frontier(
+        profile, cap_bytes=cap, exact_max_stages=exact_max_stages, groups=groups
+    )
+    peaks, times = fr.top()
+    options: dict = {"mode": "exact" if bounds is None else "grouped"}
+    if bounds is not None:
+        options["groups"] = [[p, q] for p, q in bounds]
+    if max_overhead is not None:
+        options["max_overhead"] = max_overhead
+    if not peaks:  # nothing within the cap
+        least = least_peak(fr.costs)
+        return _infeasible(profile, budget_bytes, least, options)
+    if max_overhead is not None:
+        limit = (1.0 + max_overhead) * store_all_time(profile)
+        k = next((i for i, tm in enumerate(times) if tm <= limit * (1 + 1e-12)), len(times) - 1)
+        if budget_bytes is not None and peaks[k] > budget_bytes:
+            ops = _ops_for(fr, bounds, peaks[k], L)
+            sim = _replay(profile, ops)
+            if sim.peak_bytes > budget_bytes:
+                return finish_plan(
+                    profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
+                    options=options,
+                    message=f"the least memory within +{max_overhead:.1%} time is {sim.peak_bytes} bytes",
+                )
+    elif budget_bytes is None:
+        k = len(peaks) - 1
+    else:
+        k = len(peaks) - 1  # the cap already dropped the points above the budget
+    ops = _ops_for(fr, bounds, peaks[k], L)
+    sim = _replay(profile, ops)
+    msg = (
+        f"{'exact' if bounds is None else f'grouped ({len(bounds)} groups)'} persistent optimum: "
+        f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards"
+    )
+    if bounds is not None:
+        msg += f"; stages are grouped (cuts inside a group not searched); the exact least peak is {least_peak(costs_of(profile))} bytes"
+    return finish_plan(
+        profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
+        message=msg, options=options,
+    )
+
+
+def _infeasible(profile: Profile, budget_bytes, least: int, options: dict) -> Plan:
+    plan = infeasible_plan(
+        profile, strategy="optimal", budget_bytes=budget_bytes, least_bytes=least, options=options
+    )
+    # the shared message ends by suggesting this very strategy; say what helps instead
+    msg = plan.message.replace(" or try strategy 'optimal'", "")
+    return plan.model_copy(update={"message": msg})

@@ -1,0 +1,192 @@
+"""The optimal planner: the worked example, revolve's binomial optimum, exhaustive search on small
+chains, the memoised-recursion oracle, the baselines, the inverse question and grouped mode."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import planner
+from planner._optimal_dp import costs_of, least_peak, solve
+from planner.optimal import plan_optimal
+from planner.schema import PlanError
+from planner.simulate import simulate, store_all_time
+from tests.planner.chains import chain, random_chains, worked_example
+from tests.planner.oracle import exhaustive_frontier, is_persistent, memo_time
+
+BASELINES = ("store-all", "uniform", "sqrt", "heuristic")
+
+
+def _best(front, budget):
+    """Least time within `budget` over a list of (peak, time, ...) points; inf if none fits."""
+    return min((p[1] for p in front if p[0] <= budget), default=math.inf)
+
+
+def _check_plan(prof, plan):
+    sim = simulate(prof, plan.schedule)
+    assert sim.valid, sim.error
+    assert (sim.time_s, sim.peak_bytes) == (plan.predicted.time_s, plan.predicted.peak_bytes)
+    return sim
+
+
+def test_worked_example():
+    prof = worked_example()
+    for budget, time in ((30, 39), (26, 43), (20, 47)):
+        plan = planner.plan(prof, budget_bytes=budget, strategy="optimal")
+        assert plan.feasible and plan.predicted.time_s == time and plan.predicted.peak_bytes <= budget
+        _check_plan(prof, plan)
+    fastest = planner.plan(prof)  # optimal is the default strategy
+    assert fastest.strategy == "optimal"
+    assert (fastest.predicted.time_s, fastest.predicted.peak_bytes) == (36, 31)
+
+
+def test_infeasible_says_the_least_budget():
+    prof = worked_example()
+    plan = planner.plan(prof, budget_bytes=16)
+    assert not plan.feasible and plan.schedule == [] and plan.predicted is None
+    assert "no optimal schedule fits 16 bytes; the least budget it fits is 18 bytes" in plan.message
+    assert least_peak(costs_of(prof)) == 18
+    assert planner.plan(prof, budget_bytes=18).feasible
+    assert planner.plan(prof, budget_bytes=17).message.endswith("18 bytes (raise the budget)")
+
+
+def _revolve_t(L: int, c: int) -> int:
+    """Griewank and Walther's least number of extra forwards (chain-model.md)."""
+    if c >= L - 1:
+        return L - 1
+    if c == 1:
+        return L * (L - 1) // 2
+    r = 0
+    while math.comb(c + r, c) < L:
+        r += 1
+    return r * L - math.comb(c + r, c + 1)
+
+
+def _revolve_check(L: int, cs) -> None:
+    K = 10_000  # a record is larger than everything else: one at a time
+    prof = chain([1] * (L + 1), [1] * L, [0] * L, [K] * L)
+    for c in cs:
+        plan = plan_optimal(prof, K + c + 3, exact_max_stages=1000)
+        forwards = sum(1 for op in plan.schedule if op[0] in ("F", "R"))
+        assert plan.feasible and forwards == _revolve_t(L, c) + L, (L, c)
+        assert plan.predicted.time_s == forwards
+
+
+def test_revolve_binomial_optimum():
+    assert [_revolve_t(10, c) for c in (1, 2, 3, 9)] == [45, 20, 15, 9]
+    for L in list(range(1, 13)) + [20, 33]:
+        _revolve_check(L, range(1, 11))
+
+
+@pytest.mark.slow
+def test_revolve_binomial_optimum_100_stages():
+    _revolve_check(60, range(1, 11))
+    _revolve_check(100, (1, 2, 3, 5, 10))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_chains(max_stages=5))
+def test_frontier_equals_the_memoised_recursion(prof):
+    peaks, times = solve(costs_of(prof)).top()
+    for budget in range(peaks[0] - 2, peaks[-1] + 2):
+        assert _best(list(zip(peaks, times, strict=True)), budget) == memo_time(prof, budget)
+
+
+# NOTE [ exhaustive search ] Each chain's whole Pareto set is compared (every budget), against a
+# shortest-path search over all schedules and one over persistent schedules. The DP must equal the
+# persistent search exactly; where the unrestricted search is faster, its schedule must be one that
+# drops a checkpoint and recomputes it, and such budgets must be rare.
+_STATS = {"points": 0, "non_persistent": 0}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_chains(max_stages=6))
+def test_optimal_equals_exhaustive_search(prof):
+    peaks, times = solve(costs_of(prof)).top()
+    dp = list(zip(peaks, times, strict=True))
+    full = exhaustive_frontier(prof)
+    persistent = exhaustive_frontier(prof, persistent=True)
+    for peak, time, ops in full:  # the oracle's own schedules replay to its numbers
+        sim = simulate(prof, ops)
+        assert sim.valid and (sim.peak_bytes, sim.time_s) == (peak, time)
+    budgets = sorted({p for p, _, _ in full} | {p for p, _, _ in persistent} | set(peaks))
+    for budget in budgets:
+        assert _best(dp, budget) == _best(persistent, budget), budget
+        best_full = _best(full, budget)
+        assert best_full <= _best(dp, budget)
+        _STATS["points"] += 1
+        if best_full < _best(dp, budget):
+            _STATS["non_persistent"] += 1
+            ops = next(o for p, t, o in full if p <= budget and t == best_full)
+            assert not is_persistent(ops)
+
+
+def test_non_persistent_optima_are_rare():
+    # runs after the property test above (file order); counts its budgets
+    if _STATS["points"] < 100:
+        pytest.skip("the exhaustive property test did not run first")
+    rate = _STATS["non_persistent"] / _STATS["points"]
+    assert rate < 0.10, _STATS
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_chains(max_stages=8), st.floats(0.0, 1.0))
+def test_never_slower_than_a_baseline(prof, frac):
+    least = least_peak(costs_of(prof))
+    top = planner.plan(prof).predicted.peak_bytes
+    budget = int(least + frac * (top - least))
+    opt = planner.plan(prof, budget_bytes=budget)
+    assert opt.feasible and opt.predicted.peak_bytes <= budget
+    _check_plan(prof, opt)
+    for name in BASELINES:
+        base = planner.plan(prof, budget_bytes=budget, strategy=name)
+        if base.feasible:
+            assert opt.predicted.time_s <= base.predicted.time_s * (1 + 1e-12), name
+
+
+def test_max_overhead_is_the_least_memory_within_the_slowdown():
+    prof = worked_example()
+    peaks, times = solve(costs_of(prof)).top()
+    for ov in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 2.0):
+        plan = planner.plan(prof, max_overhead=ov)
+        limit = (1 + ov) * store_all_time(prof)
+        want = min(p for p, t in zip(peaks, times, strict=True) if t <= limit)
+        assert plan.feasible and plan.predicted.peak_bytes == want
+        assert plan.predicted.time_s <= limit
+    assert planner.plan(prof, max_overhead=0.2).predicted.peak_bytes == 21  # 43 s <= 43.2 s
+    over = planner.plan(prof, budget_bytes=20, max_overhead=0.2)
+    assert not over.feasible and "21 bytes" in over.message
+    assert planner.plan(prof, budget_bytes=21, max_overhead=0.2).feasible
+    with pytest.raises(PlanError, match="max_overhead: expected a finite fraction"):
+        planner.plan(prof, max_overhead=-0.1)
+    with pytest.raises(PlanError, match="groups: expected a positive integer"):
+        planner.plan(prof, groups=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_chains(min_stages=4, max_stages=12), st.integers(2, 4), st.floats(0.0, 1.0))
+def test_grouped_mode_is_valid_and_never_beats_exact(prof, groups, frac):
+    least = least_peak(costs_of(prof))
+    top = planner.plan(prof).predicted.peak_bytes
+    budget = int(least + frac * (top - least))
+    exact = planner.plan(prof, budget_bytes=budget)
+    grouped = planner.plan(prof, budget_bytes=budget, exact_max_stages=1, groups=groups)
+    assert grouped.options["mode"] == "grouped" and len(grouped.options["groups"]) == groups
+    if grouped.feasible:
+        _check_plan(prof, grouped)
+        assert grouped.predicted.peak_bytes <= budget
+        assert grouped.predicted.time_s >= exact.predicted.time_s
+    else:
+        assert "least budget it fits" in grouped.message
+
+
+def test_grouped_mode_on_a_long_chain():
+    L = 90
+    prof = chain([2] * (L + 1), [1] * L, [2] * L, [6] * L, [1] * L, [1] * L)
+    plan = planner.plan(prof, budget_bytes=60)
+    assert plan.options["mode"] == "grouped" and plan.feasible
+    _check_plan(prof, plan)
+    assert plan.predicted.peak_bytes <= 60
