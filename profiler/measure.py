@@ -298,6 +298,21 @@ def _stage_input(x: torch.Tensor, first: bool) -> torch.Tensor:
     return x
 
 
+class _Seed(torch.autograd.Function):
+    """A scalar whose backward hands `ones_like(out)` to `out`'s graph, so that the gradient of the
+    stage's output exists only inside autograd (a Python reference would pin it)."""
+
+    @staticmethod
+    def forward(ctx, out):
+        ctx.meta = (out.shape, out.dtype, out.device)
+        return out.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, grad):
+        shape, dtype, device = ctx.meta
+        return torch.ones(shape, dtype=dtype, device=device)
+
+
 def _storages(tensors) -> dict[int, int]:
     out: dict[int, int] = {}
     for t in tensors:
@@ -336,11 +351,13 @@ def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx():
             out = stage(x)
         has_backward = out.requires_grad
-        meter.mark("grad")
-        grad = torch.ones_like(out) if has_backward else None
+        meter.mark("seed")
+        seed = _Seed.apply(out) if has_backward else None
         meter.mark("backward")
         if has_backward:
-            torch.autograd.backward(out, grad)
+            # the output's gradient d_i is created inside the backward and held by autograd only,
+            # so it is freed when the stage's last op has used it, as in a real step
+            seed.backward()
     fwd, bwd = meter.phases["start"], meter.phases["backward"]
     excluded = _storages(fixed_tensors) | _storages([x]) | _storages([out])
     saved_bytes = sum(n for ptr, n in saved.items() if ptr not in excluded)
@@ -348,8 +365,9 @@ def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict
     fwd_temp = max(0, fwd.peak_bytes - fwd.end_bytes)
     if has_backward:
         in_grad = _storage_bytes([x.grad]) if x.grad is not None else 0
-    bwd_temp = max(0, bwd.peak_bytes - bwd.start_bytes - in_grad) if has_backward else 0
-    del out, x, grad
+    # B i runs with d_i (x_i bytes) live in the chain model: count it there, not in tb_i
+    bwd_temp = max(0, bwd.peak_bytes - bwd.start_bytes - in_grad - out_bytes) if has_backward else 0
+    del out, x, seed
     return {
         "output_bytes": out_bytes,
         "saved_bytes": saved_bytes,

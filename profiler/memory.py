@@ -16,11 +16,16 @@ with `meter.mark(label)`: on the CPU a mark allocates and frees a sentinel of a 
 has, which shows where the phase starts in the event stream (and is left out of the counts); on
 CUDA it reads and resets the allocator's counters. `meter.phases[label]` then gives the level at
 the phase's start, its peak and its end, all relative to the block's start.
+
+Python's cyclic garbage collector is paused inside the block: otherwise it may free, in the middle
+of a measurement, garbage left by earlier code (which the CPU accounting counts as a free if an
+earlier measurement saw the allocation), and the numbers would depend on what ran before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -95,6 +100,20 @@ def measure_memory(device: str | torch.device = "cpu") -> Iterator[MemoryMeter]:
 
     Not re-entrant on the CPU (one profiler at a time)."""
     dev = torch.device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: memory accounting supports 'cpu' and 'cuda', not {dev.type!r}")
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with _measure(dev) as meter:
+            yield meter
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def _measure(dev: torch.device) -> Iterator[MemoryMeter]:
     meter = MemoryMeter(device=str(dev))
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -111,8 +130,6 @@ def measure_memory(device: str | torch.device = "cpu") -> Iterator[MemoryMeter]:
         meter.peak_bytes = max(p.peak_bytes for p in meter.phases.values())
         meter.end_bytes = level
         return
-    if dev.type != "cpu":
-        raise ValueError(f"device: memory accounting supports 'cpu' and 'cuda', not {dev.type!r}")
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)

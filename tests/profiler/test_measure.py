@@ -1,0 +1,187 @@
+"""profile_chain: exact bytes against the analytic profile, repeatability, the store-all peak of a
+real step, fixed memory, and errors that name the stage."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn as nn
+
+from planner.store_all import plan_store_all
+from profiler import ProfileError, profile_chain
+from profiler.analytic import conv_analytic_profile, gpt_analytic_profile
+from profiler.models.conv import ConvConfig, build_conv
+from profiler.models.gpt import build_gpt
+from tests.profiler.conftest import step_peak_bytes
+
+CASES = list(itertools.product(["float32", "bfloat16"], ["flash", "math"], [0, 1, 2]))
+
+
+@pytest.mark.parametrize("dtype,attention,top_k", CASES)
+def test_measured_bytes_equal_analytic(tiny_gpt, dtype, attention, top_k):
+    moe = dict(moe_experts=4, moe_top_k=top_k) if top_k else {}
+    cfg = tiny_gpt(dtype=dtype, attention=attention, **moe)
+    stages, idx = build_gpt(cfg)
+    measured = profile_chain(stages, idx, repeats=1, warmup=0)
+    analytic = gpt_analytic_profile(cfg, device="cpu")
+    assert measured.meta["attention_backend"] == attention
+    assert measured.input_bytes == analytic.input_bytes
+    assert measured.fixed_bytes == analytic.fixed_bytes
+    for m, a in zip(measured.layers, analytic.layers, strict=True):
+        assert (m.name, m.output_bytes, m.saved_bytes, m.param_bytes) == (
+            a.name, a.output_bytes, a.saved_bytes, a.param_bytes
+        )
+        assert m.flops == a.flops
+        # the forward leaves exactly its output and its saved tensors allocated (a few bytes of
+        # detached aux-loss values with MoE)
+        extra = measured.meta["stages"][measured.layers.index(m)]["retained_other_bytes"]
+        assert 0 <= extra <= 64
+
+
+def test_moe_tokens_are_dropped_in_the_tested_config(tiny_gpt):
+    # the analytic bytes hold for any routing: check that this config really drops tokens
+    cfg = tiny_gpt(moe_experts=4, moe_top_k=2, moe_capacity_factor=0.5)
+    stages, idx = build_gpt(cfg)
+    x = idx
+    for s in stages:
+        x = s(x)
+    assert int(stages[1].mlp.dropped_count) > 0
+    m = profile_chain(stages, idx, repeats=1, warmup=0)
+    a = gpt_analytic_profile(cfg)
+    assert [ly.saved_bytes for ly in m.layers] == [ly.saved_bytes for ly in a.layers]
+
+
+def test_conv_bytes_equal_analytic_and_shrink():
+    cfg = ConvConfig()
+    stages, x = build_conv(cfg)
+    m = profile_chain(stages, x, repeats=1, warmup=0)
+    a = conv_analytic_profile(cfg)
+    for lm, la in zip(m.layers, a.layers, strict=True):
+        assert (lm.output_bytes, lm.saved_bytes, lm.param_bytes, lm.flops) == (
+            la.output_bytes, la.saved_bytes, la.param_bytes, la.flops
+        )
+    assert m.fixed_bytes == a.fixed_bytes
+    outs = [ly.output_bytes for ly in m.layers[1:-1]]
+    assert outs == sorted(outs, reverse=True) and outs[0] == 4 * outs[-1]
+
+
+def test_two_runs_give_identical_bytes(tiny_gpt):
+    cfg = tiny_gpt(moe_experts=4, moe_top_k=2)
+    stages, idx = build_gpt(cfg)
+    fields = ("output_bytes", "saved_bytes", "forward_temp_bytes", "backward_temp_bytes", "param_bytes")
+    runs = [profile_chain(stages, idx, repeats=1, warmup=1) for _ in range(2)]
+    a, b = ([[getattr(ly, f) for f in fields] for ly in r.layers] for r in runs)
+    assert a == b
+    assert runs[0].fixed_bytes == runs[1].fixed_bytes
+
+
+@pytest.mark.parametrize("kw", [{}, {"attention": "math"}, {"moe_experts": 4, "moe_top_k": 2},
+                                {"dtype": "bfloat16"}])
+def test_store_all_predicts_a_real_step_within_1pct(tiny_gpt, kw):
+    stages, idx = build_gpt(tiny_gpt(**kw))
+    prof = profile_chain(stages, idx, repeats=1, warmup=0)
+    predicted = plan_store_all(prof).predicted.peak_bytes
+    measured = step_peak_bytes(stages, idx)
+    assert abs(predicted - measured) <= 0.01 * measured
+
+
+def test_store_all_predicts_conv_step_within_1pct():
+    stages, x = build_conv(ConvConfig(channels=(8, 16), blocks=(1, 2), image_size=16))
+    prof = profile_chain(stages, x, repeats=1, warmup=0)
+    assert abs(plan_store_all(prof).predicted.peak_bytes - step_peak_bytes(stages, x)) <= 0.01 * step_peak_bytes(stages, x)
+
+
+def test_fixed_bytes_are_params_grads_and_adamw_state(tiny_gpt):
+    from profiler.memory import measure_memory
+
+    stages, idx = build_gpt(tiny_gpt())
+    prof = profile_chain(stages, idx, repeats=1, warmup=0)
+    params = [p for s in stages for p in s.parameters()]
+    n = sum(p.numel() for p in params)
+    fixed = prof.meta["fixed"]
+    assert fixed["param_bytes"] == fixed["grad_bytes"] == 4 * n
+    # AdamW's state, measured: what its first step allocates and keeps
+    opt = torch.optim.AdamW(params, lr=1e-3, foreach=False)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    with measure_memory("cpu") as meter:
+        opt.step()
+    assert meter.end_bytes == fixed["optimizer_bytes"] == 8 * n + 4 * len(params)
+    assert prof.fixed_bytes == 4 * n + 4 * n + fixed["optimizer_bytes"] + fixed["buffer_bytes"]
+
+
+def test_tied_weights_pending_gradient_is_fixed(tiny_gpt):
+    cfg = tiny_gpt(tie_weights=True)
+    stages, idx = build_gpt(cfg)
+    prof = profile_chain(stages, idx, repeats=1, warmup=0)
+    assert prof.meta["fixed"]["pending_shared_grad_bytes"] == 4 * cfg.vocab_size * cfg.n_embd
+    assert prof.fixed_bytes == gpt_analytic_profile(cfg).fixed_bytes
+
+
+def test_profiling_leaves_module_state_unchanged():
+    stages, x = build_conv(ConvConfig(channels=(8,), blocks=(1,), image_size=8))
+    before = [b.clone() for s in stages for b in s.buffers()]
+    profile_chain(stages, x, repeats=2, warmup=1)
+    after = [b for s in stages for b in s.buffers()]
+    assert all(torch.equal(u, v) for u, v in zip(before, after, strict=True))
+    assert all(p.grad is None for s in stages for p in s.parameters())
+
+
+def test_times_and_flops_are_positive(tiny_gpt):
+    stages, idx = build_gpt(tiny_gpt())
+    prof = profile_chain(stages, idx, repeats=2, warmup=1)
+    for layer in prof.layers[1:]:
+        assert layer.forward_s > 0 and layer.backward_s > 0 and layer.flops > 0
+
+
+class _ReturnsNone(nn.Module):
+    def forward(self, x):
+        return None
+
+
+class _Lin(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.l(x)
+
+
+def test_stage_returning_no_tensor_is_named():
+    with pytest.raises(ProfileError, match=r"stage 2 \(2._ReturnsNone\): returned NoneType"):
+        profile_chain([_Lin(), _ReturnsNone(), _Lin()], torch.randn(2, 4))
+
+
+def test_last_stage_must_return_scalar():
+    with pytest.raises(ProfileError, match=r"stage 2 .*scalar loss.*\(2, 4\)"):
+        profile_chain([_Lin(), _Lin()], torch.randn(2, 4))
+
+
+def test_input_on_wrong_device_is_named():
+    with pytest.raises(ProfileError, match=r"example_input: on meta but stage 1 \(1._Lin\) runs on cpu"):
+        profile_chain([_Lin(), _Lin()], torch.randn(2, 4, device="meta"))
+
+
+def test_stage_on_other_device_is_named():
+    b = _Lin().to("meta")
+    with pytest.raises(ProfileError, match=r"stage 2 \(2._Lin\): l.weight is on meta"):
+        profile_chain([_Lin(), b], torch.randn(2, 4))
+
+
+def test_bad_options():
+    with pytest.raises(ProfileError, match="repeats"):
+        profile_chain([_Lin()], torch.randn(2, 4), repeats=0)
+    with pytest.raises(ProfileError, match="stages: empty"):
+        profile_chain([], torch.randn(2, 4))
+    with pytest.raises(ProfileError, match="optimizer"):
+        profile_chain([_Lin()], torch.randn(2, 4), optimizer="lion")
+
+
+@pytest.mark.gpu
+def test_cuda_profile_runs(tiny_gpt):
+    stages, idx = build_gpt(tiny_gpt(dtype="bfloat16"), device="cuda")
+    prof = profile_chain(stages, idx, repeats=1, warmup=1)
+    assert prof.device.startswith("cuda") and all(ly.output_bytes > 0 for ly in prof.layers)
