@@ -33,16 +33,15 @@ class RunRequest(BaseModel):
 
     model: str = Field(default="gpt", min_length=1, max_length=64, description="built-in model family")
     config: dict[str, OptionValue] = Field(
-        default_factory=dict, description="the family's config fields (e.g. n_layer, d_model)"
+        default_factory=dict, description="the model's settings of executor.pipeline.RunSpec (n_layer, n_embd, n_head, "
+        "block_size, vocab_size, batch_size, dropout, repeats)"
     )
     budget_bytes: int | None = Field(default=None, ge=0, description="activation budget, bytes")
     strategy: StrategyName | None = Field(default=None, description="null: the planner's default")  # type: ignore[valid-type]
-    plan_options: dict[str, OptionValue] = Field(default_factory=dict)
     features: list[Literal["moe", "flash", "qat", "prune", "exit"]] = Field(
         default_factory=list, max_length=5, description="model features to switch on"
     )
     steps: int = Field(default=3, ge=1, le=10_000, description="training steps to run")
-    optimizer: Literal["adamw", "sgd", "none"] = "adamw"
     autocast_dtype: Literal["bfloat16", "float16"] | None = None
     device: str | None = Field(
         default=None, max_length=32, description="'cpu' or 'cuda[:i]'; null: the server's device"

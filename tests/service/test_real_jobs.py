@@ -1,0 +1,69 @@
+"""The real job functions through the server: a tiny GPT validation run and a profile, on the
+server's device (CPU here), and a cancel that frees GPU memory where there is a GPU."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.service.server import Server, wait_for
+
+TINY = {"n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size": 64, "batch_size": 2}
+
+
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory):
+    srv = Server(
+        tmp_path_factory.mktemp("svc-real"),
+        env={"MEMPLAN_RUN_JOB": "service.jobs.kinds:run_job", "MEMPLAN_PROFILE_JOB": "service.jobs.kinds:profile_job"},
+    ).start()
+    yield srv
+    srv.stop()
+
+
+def _finish(c: httpx.Client, loc: str) -> dict:
+    return wait_for(lambda: (j := c.get(loc).json())["state"] in ("succeeded", "failed", "cancelled") and j,
+                    timeout_s=240, every_s=0.5, what=loc)
+
+
+@pytest.mark.slow
+def test_real_run_and_profile(real_server):
+    pytest.importorskip("executor.pipeline")
+    with httpx.Client(base_url=real_server.url, timeout=30) as c:
+        run = c.post("/v1/runs", json={"model": "gpt", "config": TINY, "steps": 2, "strategy": "sqrt", "device": "cpu"})
+        prof = c.post("/v1/profiles", json={"model": "gpt", "config": TINY, "repeats": 1, "warmup": 0, "device": "cpu"})
+        bad = c.post("/v1/runs", json={"config": {"colour": "red"}, "steps": 1, "device": "cpu"})
+        job = _finish(c, run.headers["location"])
+        assert job["state"] == "succeeded", job
+        report = job["result"]
+        assert report["strategy"] == "sqrt" and report["n_stages"] == 4
+        assert report["measured_peak_bytes"] > 0 and report["extras"]["plan"]["strategy"] == "sqrt"
+        p = _finish(c, prof.headers["location"])
+        assert p["state"] == "succeeded" and len(p["result"]["layers"]) == 4
+        # a profile from the server plans like any other
+        plan = c.post("/v1/plans", json={"profile": p["result"], "strategy": "store-all"})
+        assert plan.status_code == 200 and plan.json()["feasible"]
+        b = _finish(c, bad.headers["location"])
+        assert b["state"] == "failed" and b["error"]["type"] == "invalid-input"
+        assert "config.colour" in b["error"]["detail"]
+
+
+@pytest.mark.gpu
+def test_cancel_frees_gpu_memory(tmp_path):
+    import torch
+
+    srv = Server(tmp_path / "svc").start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            free0, _ = torch.cuda.mem_get_info()
+            r = c.post("/v1/runs", json={"steps": 2000, "config": {"sleep_s": 0.05, "cuda_mib": 4096}})
+            loc = r.headers["location"]
+            wait_for(lambda: c.get(loc).json()["progress"] > 0, timeout_s=120, what="the run to hold memory")
+            held = free0 - torch.cuda.mem_get_info()[0]
+            assert held >= 4096 << 20
+            assert c.post(loc + "/cancel").status_code == 202
+            assert _finish(c, loc)["state"] == "cancelled"
+            wait_for(lambda: free0 - torch.cuda.mem_get_info()[0] < 256 << 20, timeout_s=30,
+                     what="the device memory to come back")
+    finally:
+        srv.stop()
