@@ -12,6 +12,8 @@ import logging
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    import torch
+
     import planner
     from executor.pipeline import RunSpec, run_builtin
     from memplan.cli.run import print_report
@@ -19,6 +21,8 @@ def main() -> None:
     from profiler.measure import profile_chain
     from profiler.models.gpt import GPTConfig, build_gpt
 
+    # one thread: on a small shared CPU, intra-op threads waiting on each other make timings erratic
+    torch.set_num_threads(1)
     spec = RunSpec(model="gpt", n_layer=6, n_embd=64, n_head=4, block_size=32, vocab_size=256,
                    batch_size=4, dropout=0.1, strategy="optimal" if "optimal" in planner.STRATEGIES else "sqrt",
                    repeats=2)
