@@ -154,6 +154,10 @@ class ScheduleRunner:
             if act[i - 1] is None:
                 raise ExecutorError(f"schedule[{k}] {list(op)}: its input a_{i - 1} is not live")
             stage = self.stages[i - 1]
+            if act[i] is not None and (i + 1) not in rec:
+                # a live, unpinned a_i is replaced by the (equal) recomputed output: free it
+                # first so that the op costs no x_i, as the chain model's "x_i (if new)" says
+                act[i] = None
             with self.guards.forward(i), self._autocast():
                 if name == "F":
                     with torch.no_grad():
@@ -166,7 +170,7 @@ class ScheduleRunner:
                     rec[i] = (inp, _edges(out))
                     if act[i] is None:
                         act[i] = _alias(out, requires_grad=False)
-                    # else: a_i is live (pinned by record i+1, say): keep it, and free the equal
+                    # else: a_i is live and pinned by record i+1: keep it, and free the equal
                     # new output; it was live during the op, which the replay does not count
                     # (NOTE [ R on a live output ] in docs/executor.md)
             del out

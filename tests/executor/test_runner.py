@@ -30,20 +30,25 @@ BUDGETS = [None, 30 * K, 26 * K, 22 * K, 20 * K]
 
 
 def expected_peak(prof, plan) -> int:
-    """The replay's peak, plus x_i during an `R i` that runs while a_i is live: PyTorch writes the
+    """The replay's peak, plus x_i during an `R i` that runs while a_i is live and pinned by record
+    i+1 (an unpinned one the runner frees first): PyTorch writes the
     recomputed output to new memory before the runner frees it, which the chain model's
     "x_i (if new)" does not count (reported to the simulator's owners; see docs/executor.md)."""
     sim = simulate(prof, plan.schedule)
     x = [prof.input_bytes] + [la.output_bytes for la in prof.layers]
     live = [True] + [False] * prof.n_stages
+    rec = [False] * (prof.n_stages + 2)
     peak = 0
     for k, op in enumerate(plan.ops()):
         extra = 0
         if op[0] in ("F", "R"):
-            extra = x[op[1]] if live[op[1]] else 0
+            extra = x[op[1]] if live[op[1]] and rec[op[1] + 1] else 0
             live[op[1]] = True
+            rec[op[1]] = rec[op[1]] or op[0] == "R"
         elif op[0] == "drop":
             live[op[1]] = False
+        elif op[0] == "B":
+            rec[op[1]] = False
         peak = max(peak, sim.timeline[k] + extra)
     return peak
 
