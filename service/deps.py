@@ -66,16 +66,11 @@ ApiKeyDep = Depends(require_api_key)
 _JSON_TYPES = ("application/json", "application/problem+json")
 
 
-def _whole_floats_to_int(value: Any) -> Any:
+def _parse_float(text: str) -> float | int:
     # JSON has one number type: 5.0 is the integer 5 (JSON Schema agrees), so it may fill an int
     # field; strict validation then refuses only what is really wrong (strings for numbers, ...)
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _whole_floats_to_int(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_whole_floats_to_int(v) for v in value]
-    return value
+    value = float(text)
+    return int(value) if math.isfinite(value) and value.is_integer() else value
 
 
 def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
@@ -91,13 +86,13 @@ def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
             )
         raw = await request.body()
         try:
-            data = json.loads(raw)
+            data = json.loads(raw, parse_float=_parse_float)
         except (ValueError, UnicodeDecodeError) as err:
             raise RequestValidationError(
                 [{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON", "ctx": {"error": str(err)}}]
             ) from None
         try:
-            return model.model_validate(_whole_floats_to_int(data), strict=True)
+            return model.model_validate(data, strict=True)
         except ValidationError as err:
             raise RequestValidationError(
                 [{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False)]

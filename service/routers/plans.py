@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from starlette.concurrency import run_in_threadpool
 
 import planner
 from planner.schema import Plan, PlanError
@@ -119,31 +120,38 @@ def _check_stages(profile: Profile, max_stages: int) -> None:
     responses=problem_responses(401, 413, 415, 422),
     openapi_extra=body_openapi(PlanRequest),
 )
-def create_plan(
-    body: Annotated[PlanRequest, Depends(json_body(PlanRequest))], request: Request, settings: SettingsDep
-) -> Response:
-    _check_stages(body.profile, settings.max_stages)
-    key = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
+async def create_plan(request: Request, settings: SettingsDep) -> Response:
+    # identical bytes, identical plan: answered before parsing (the planner is deterministic)
+    key = hashlib.sha256(await request.body()).hexdigest()
     cache = _cache(request, settings.plan_cache_size)
     cached = cache.get(key)
     if cached is None:
-        kwargs: dict[str, Any] = dict(body.options)
-        if body.strategy is not None:
-            kwargs["strategy"] = body.strategy
-        try:
-            plan = call_library(
-                planner.plan, body.profile, budget_bytes=body.budget_bytes, value_errors=False, **kwargs
-            )
-        except ProblemError:
-            raise
-        except (PlanError, ProfileError) as err:
-            raise library_error(err, prefix="body.options" if _is_option_error(err, body) else "body") from None
-        except TypeError as err:
-            # an option of the right name but the wrong type reaches the strategy as a TypeError
-            raise ProblemError(422, f"options: {err}", kind="invalid-input") from None
-        cached = plan.model_dump_json().encode()
+        body = await _parse_plan(request)
+        _check_stages(body.profile, settings.max_stages)
+        cached = await run_in_threadpool(_plan_json, body)
         cache.put(key, cached)
     return Response(cached, media_type="application/json")
+
+
+_parse_plan = json_body(PlanRequest)
+
+
+def _plan_json(body: PlanRequest) -> bytes:
+    kwargs: dict[str, Any] = dict(body.options)
+    if body.strategy is not None:
+        kwargs["strategy"] = body.strategy
+    try:
+        plan = call_library(
+            planner.plan, body.profile, budget_bytes=body.budget_bytes, value_errors=False, **kwargs
+        )
+    except ProblemError:
+        raise
+    except (PlanError, ProfileError) as err:
+        raise library_error(err, prefix="body.options" if _is_option_error(err, body) else "body") from None
+    except TypeError as err:
+        # an option of the right name but the wrong type reaches the strategy as a TypeError
+        raise ProblemError(422, f"options: {err}", kind="invalid-input") from None
+    return plan.model_dump_json().encode()
 
 
 def _is_option_error(err: Exception, body: PlanRequest) -> bool:
@@ -187,9 +195,14 @@ def create_frontier(
     except TypeError as err:
         raise ProblemError(422, f"options: {err}", kind="invalid-input") from None
     if media == "image/png":
-        from planner.frontier import plot_png
+        import tempfile
+        from pathlib import Path
 
-        return Response(plot_png(result), media_type="image/png")
+        from planner.frontier import plot_frontier
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = plot_frontier(result, Path(tmp) / "frontier.png")
+            return Response(Path(path).read_bytes(), media_type="image/png")
     return Response(result.model_dump_json(), media_type="application/json")
 
 
