@@ -1,0 +1,128 @@
+"""Benchmark the scaling-law fit on Epoch's extraction of the Chinchilla data (240 points after
+dropping the 5 of highest loss), against baselines measured in the same run:
+
+- the fit: variable projection (ours) vs Epoch's full initialisation grid (4500 L-BFGS starts);
+- the bootstrap: ours (warm start + a batched coarse grid per resample) vs the full variable
+  projection search per resample (timed on a subset, scaled to the same count);
+- the intervals: ours vs Epoch's published 95% intervals (alpha 0.317-0.373, beta 0.331-0.415).
+
+    .venv/bin/python benchmarks/bench_fit.py [--bootstrap 1000] [--out /tmp/bench_fit.json]
+
+Needs ../shared/data/chinchilla_epoch_extracted.csv. Prints a table; `--out` also writes the numbers as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import planner.scaling.fit as _fit  # noqa: E402
+from planner.scaling import fit_law, load_runs  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data" / "chinchilla_epoch_extracted.csv"
+EPOCH_INTERVALS = {"alpha": (0.317, 0.373), "beta": (0.331, 0.415)}
+
+
+def _best_of(fn, repeat: int) -> tuple[float, object]:
+    """Least wall-clock seconds of `repeat` calls, and the last result."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover - not on every platform
+        return "?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--baseline-resamples", type=int, default=40)
+    ap.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON here")
+    args = ap.parse_args()
+    if not DATA.exists():
+        sys.exit(f"bench_fit: needs {DATA}")
+    runs = load_runs(DATA, columns={"params": "Model Size", "flops": "Training FLOP"})
+    runs = runs.drop_highest_loss(5)
+    fit_law(runs)  # warm up imports (scipy) so that neither side pays for them
+    load_before = _load()
+
+    t_ours, ours = _best_of(lambda: fit_law(runs), 3)
+    t_grid, grid = _best_of(lambda: fit_law(runs, method="grid"), 1)
+
+    t_boot, boot = _best_of(lambda: fit_law(runs, bootstrap=args.bootstrap, seed=0), 1)
+    # baseline: the full variable-projection search on each resample (a subset, scaled)
+    d = _fit._Data.of(runs)
+    spec = _fit._Spec(tied=False, log_e=None)
+    rng = np.random.default_rng(0)
+    k = args.baseline_resamples
+    t = time.perf_counter()
+    for _ in range(k):
+        w = np.bincount(rng.integers(0, runs.n, runs.n), minlength=runs.n).astype(float)
+        _fit._fit_varpro(d, w, spec)
+    t_full_boot = (time.perf_counter() - t) / k * args.bootstrap
+
+    rows = [
+        ("fit (varpro vs Epoch's 4500-start grid)", t_ours, t_grid),
+        (f"{args.bootstrap} bootstraps (ours vs full search each)", t_boot, t_full_boot),
+    ]
+    print(f"bench_fit: {runs.n} runs, {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
+          f"load average {load_before} before, {_load()} after (others' work inflates both columns)")
+    print(f"{'what':52s} {'ours s':>9s} {'baseline s':>11s} {'speed-up':>9s}")
+    for what, a, b in rows:
+        print(f"{what:52s} {a:9.3f} {b:11.3f} {b / a:8.1f}x")
+    print()
+    print(f"{'coefficient':12s} {'ours':>10s} {'grid':>10s} {'rel diff':>9s}")
+    for c in ("E", "A", "B", "alpha", "beta"):
+        a, b = getattr(ours, c), getattr(grid, c)
+        print(f"{c:12s} {a:10.5g} {b:10.5g} {abs(a / b - 1):9.2e}")
+    print(f"{'objective':12s} {ours.objective:10.6g} {grid.objective:10.6g} "
+          f"{abs(ours.objective / grid.objective - 1):9.2e}")
+    print()
+    print(f"{'95% interval':12s} {'ours':>18s} {'Epoch':>14s} {'worst rel':>10s}")
+    interval_err = {}
+    for c, (lo, hi) in EPOCH_INTERVALS.items():
+        a, b = boot.intervals[c]
+        err = max(abs(a / lo - 1), abs(b / hi - 1))
+        interval_err[c] = err
+        print(f"{c:12s} {a:8.4f}..{b:8.4f} {lo:6.3f}..{hi:6.3f} {err:10.2%}")
+
+    result = {
+        "date": date.today().isoformat(),
+        "cores": os.cpu_count(),
+        "load_average": [load_before, _load()],
+        "runs": runs.n,
+        "fit_s": t_ours,
+        "grid_fit_s": t_grid,
+        "bootstrap": args.bootstrap,
+        "bootstrap_s": t_boot,
+        "full_search_bootstrap_s_estimated": t_full_boot,
+        "coefficients": {c: getattr(ours, c) for c in ("E", "A", "B", "alpha", "beta")},
+        "grid_coefficients": {c: getattr(grid, c) for c in ("E", "A", "B", "alpha", "beta")},
+        "intervals": boot.intervals,
+        "interval_rel_error_vs_epoch": interval_err,
+    }
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+        print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
