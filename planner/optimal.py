@@ -102,6 +102,8 @@ def plan_optimal(
     max_overhead: float | None = None,
     exact_max_stages: int = EXACT_MAX_STAGES,
     groups: int = DEFAULT_GROUPS,
+    checkpoint_dtype: str = "compute",
+    tolerance: float | None = None,
 ) -> Plan:
     """The fastest persistent schedule whose peak (bytes above fixed memory) fits `budget_bytes`.
 
@@ -113,8 +115,20 @@ def plan_optimal(
     Returns a `Plan` (times in seconds, sizes in bytes, from a replay of its schedule). Chains of
     more than `exact_max_stages` stages are solved over `groups` macro stages (NOTE [ exact and
     approximate modes ]); `options` says which mode ran.
+
+    `checkpoint_dtype` other than `compute` (`auto`, `bf16`, `fp8`, ...) also chooses the storage
+    dtype of the kept activations within the relative gradient error `tolerance`
+    (planner/checkpoint_dtype.py): the fastest frontier schedule that fits the budget once stored.
     """
     _check_options(max_overhead, exact_max_stages, groups)
+    if checkpoint_dtype != "compute":
+        from planner.checkpoint_dtype import parse_checkpoint_dtype
+
+        if parse_checkpoint_dtype(checkpoint_dtype) != "compute":
+            return _plan_with_storage(
+                profile, budget_bytes, max_overhead=max_overhead, exact_max_stages=exact_max_stages,
+                groups=groups, checkpoint_dtype=checkpoint_dtype, tolerance=tolerance,
+            )
     L = profile.n_stages
     cap = budget_bytes if max_overhead is None else None
     fr, bounds = solve_frontier(
@@ -152,7 +166,9 @@ def plan_optimal(
         f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards"
     )
     if bounds is not None:
-        msg += f"; stages are grouped (cuts inside a group not searched); the exact least peak is {least_peak(costs_of(profile))} bytes"
+        msg += "; stages are grouped (cuts inside a group are not searched)"
+        if L <= 200:  # the exact least peak is O(L^3) scalar work: affordable up to ~200 stages
+            msg += f"; the exact least peak is {least_peak(costs_of(profile))} bytes"
     return finish_plan(
         profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
         message=msg, options=options,
@@ -166,3 +182,54 @@ def _infeasible(profile: Profile, budget_bytes, least: int, options: dict) -> Pl
     # the shared message ends by suggesting this very strategy; say what helps instead
     msg = plan.message.replace(" or try strategy 'optimal'", "")
     return plan.model_copy(update={"message": msg})
+
+
+def _plan_with_storage(profile: Profile, budget_bytes, *, max_overhead, exact_max_stages, groups,
+                       checkpoint_dtype: str, tolerance) -> Plan:
+    """The fastest frontier schedule whose peak, with its kept activations stored as
+    `choose_storage` decides, fits the budget (NOTE [ Storage precision of checkpoints ]).
+
+    Storage lowers the peak of a schedule that keeps activations, so schedules faster than the
+    compute-dtype optimum may fit: walk the uncapped frontier from the fastest point down to the
+    fastest one that fits as computed, and take the first that fits once stored."""
+    from planner.checkpoint_dtype import apply_storage, choose_storage, storage_options
+
+    base = plan_optimal(profile, budget_bytes, max_overhead=max_overhead,
+                        exact_max_stages=exact_max_stages, groups=groups)
+    if budget_bytes is None or max_overhead is not None:
+        # no budget to meet (or the least memory within an overhead): store to lower the peak
+        out = apply_storage(base, profile, checkpoint_dtype=checkpoint_dtype, tolerance=tolerance)
+        return out
+    L = profile.n_stages
+    fr, bounds = solve_frontier(profile, exact_max_stages=exact_max_stages, groups=groups)
+    peaks, times = fr.top()
+    limit = base.predicted.time_s if base.feasible and base.predicted else math.inf
+    for k in range(len(peaks) - 1, -1, -1):
+        if times[k] >= limit * (1 - 1e-12):
+            break  # no faster than what fits as computed
+        if peaks[k] <= budget_bytes:
+            continue
+        ops = _ops_for(fr, bounds, peaks[k], L)
+        choice = choose_storage(profile, ops, checkpoint_dtype=checkpoint_dtype, tolerance=tolerance)
+        if choice.peak_bytes > budget_bytes:
+            continue
+        sim = _replay(profile, ops, choice.storage)
+        options = {"mode": "exact" if bounds is None else "grouped",
+                   **storage_options(checkpoint_dtype, choice)}
+        if bounds is not None:
+            options["groups"] = [[p, q] for p, q in bounds]
+        plan = finish_plan(
+            profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim, options=options,
+            message=(f"persistent optimum with stored checkpoints: "
+                     f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards; "
+                     + choice.message),
+        )
+        return plan.model_copy(update={"checkpoint_dtypes": dict(choice.storage)})
+    # nothing faster fits once stored: the compute-dtype optimum, stored as computed (it fits, or
+    # no schedule does)
+    none = choose_storage(profile, [], checkpoint_dtype="compute", tolerance=tolerance)
+    note = "no faster schedule fits with stored checkpoints; stored as computed"
+    return base.model_copy(update={
+        "options": {**base.options, **storage_options(checkpoint_dtype, none)},
+        "message": "; ".join(m for m in (base.message, note) if m),
+    })
