@@ -51,7 +51,7 @@ def _schemathesis(url: str, *, max_examples: int, max_time_s: int, tmp_path: Pat
 
 
 def test_schemathesis_quick(fuzz_server, tmp_path):
-    text, generated = _schemathesis(fuzz_server.url, max_examples=5, max_time_s=25, tmp_path=tmp_path)
+    text, generated = _schemathesis(fuzz_server.url, max_examples=5, max_time_s=15, tmp_path=tmp_path)
     assert generated > 100, text[-3000:]
     assert httpx.get(fuzz_server.url + "/v1/healthz").status_code == 200
 
