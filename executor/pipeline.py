@@ -29,6 +29,7 @@ class RunSpec:
     steps: int = 3  # training steps run and compared
     repeats: int = 3  # profiling repeats per stage
     autocast_dtype: str | None = None  # None, "bfloat16" or "float16"
+    device: str = "cpu"  # "cpu" or "cuda[:i]": where the model is built, profiled and run
 
 
 def _build(spec: RunSpec):
@@ -41,14 +42,15 @@ def _build(spec: RunSpec):
                         block_size=spec.block_size, vocab_size=spec.vocab_size,
                         batch_size=spec.batch_size, dropout=spec.dropout,
                         **model_options(spec.features, spec.n_layer))
-        return build_gpt(cfg)
+        return build_gpt(cfg, device=spec.device)
     if spec.model == "conv":
         bad = set(spec.features) - {"qat"}
         if bad:
             raise ExecutorError(f"--features: {', '.join(sorted(bad))} apply to the GPT model only")
         from profiler.models.conv import ConvConfig, build_conv
 
-        return build_conv(ConvConfig(blocks=(spec.n_layer,) * 3, batch_size=spec.batch_size))
+        return build_conv(ConvConfig(blocks=(spec.n_layer,) * 3, batch_size=spec.batch_size),
+                          device=spec.device)
     raise ExecutorError(f"--model: unknown {spec.model!r}; use gpt or conv")
 
 
@@ -72,9 +74,13 @@ def run_builtin(spec: RunSpec, *, progress: Callable[[str, int, int], None] | No
     dtype = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.autocast_dtype, "bad")
     if dtype == "bad":
         raise ExecutorError(f"--autocast: use bfloat16 or float16, got {spec.autocast_dtype!r}")
+    if spec.device != "cpu" and not (spec.device.startswith("cuda") and torch.cuda.is_available()):
+        raise ExecutorError(f"--device: {spec.device!r} is not available here; use cpu"
+                            + (" or cuda" if torch.cuda.is_available() else ""))
     stages, x = _build(spec)
     extras: dict = {}
-    prof_kw = dict(repeats=spec.repeats, warmup=1, name=spec.model, autocast_dtype=dtype)
+    prof_kw = dict(repeats=spec.repeats, warmup=1, name=spec.model, autocast_dtype=dtype,
+                   device=spec.device)
 
     def prof_progress(done, total, what):
         if progress:

@@ -25,6 +25,7 @@ def run_cmd(
     features: Annotated[str, typer.Option(help="comma list: moe,flash,qat,prune,exit")] = "",
     steps: Annotated[int, typer.Option(help="training steps run and compared")] = 3,
     autocast: Annotated[str | None, typer.Option(help="bfloat16 or float16 autocast")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda[:i]")] = "cpu",
     json_out: Annotated[bool, typer.Option("--json", help="print the RunReport as JSON")] = False,
 ) -> None:
     """Profile, plan, run and compare a built-in model: predicted against measured."""
@@ -35,7 +36,7 @@ def run_cmd(
                    vocab_size=vocab, batch_size=batch, dropout=dropout,
                    budget_bytes=parse_bytes(budget, field="--budget") if budget else None,
                    strategy=strategy, features=[f for f in features.split(",") if f.strip()],
-                   steps=steps, autocast_dtype=autocast)
+                   steps=steps, autocast_dtype=autocast, device=device)
     if json_out:
         report, _, _ = run_builtin(spec)
         echo_json(report)
