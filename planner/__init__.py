@@ -53,6 +53,10 @@ def plan(
     *,
     budget_bytes: int | None = None,
     strategy: str = "optimal",
+    n_gpus: int = 1,
+    zero_stage: int = 0,
+    precision: str | None = None,
+    memory_bytes: int | None = None,
     **options: Any,
 ) -> Plan:
     """A checkpoint plan for `profile` (a Profile, dict or JSON text) whose activation peak
@@ -61,10 +65,31 @@ def plan(
     Returns a `Plan` whose `predicted` block (seconds, bytes) is a replay of its schedule. A budget
     that the strategy cannot meet gives `feasible=False` and a message with the least budget it
     can; invalid input raises `PlanError` (or `ProfileError`) naming the field.
+
+    Data parallel over `n_gpus` GPUs at ZeRO `zero_stage` (0-3), or with the model states priced
+    by a `precision` policy: the profile's fixed bytes become the per-GPU bytes of
+    `planner.sharding.shard_profile`, so `predicted.total_peak_bytes` is what each GPU holds.
+    `memory_bytes` (per GPU) instead of `budget_bytes`: the budget is that minus the fixed bytes.
     """
     from planner._build import check_budget
 
     prof = load_profile(profile)
+    sharded = n_gpus != 1 or zero_stage != 0 or precision is not None
+    if sharded:
+        from planner.sharding import shard_profile
+
+        prof = shard_profile(prof, n_gpus=n_gpus, zero_stage=zero_stage, policy=precision)
+    if memory_bytes is not None:
+        if budget_bytes is not None:
+            raise PlanError("memory_bytes: give budget_bytes or memory_bytes, not both")
+        if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes < 0:
+            raise PlanError(f"memory_bytes: expected a non-negative integer, got {memory_bytes!r}")
+        if memory_bytes < prof.fixed_bytes:
+            raise PlanError(
+                f"memory_bytes: {memory_bytes} bytes per GPU is less than the fixed bytes "
+                f"({prof.fixed_bytes}); add GPUs, raise zero_stage or give more memory"
+            )
+        budget_bytes = memory_bytes - prof.fixed_bytes
     fn = _strategy(strategy)
     accepted = [p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
     for key in options:
@@ -73,7 +98,14 @@ def plan(
                 f"{key}: strategy {strategy!r} takes no such option"
                 + (f"; it takes {', '.join(accepted)}" if accepted else "; it takes none")
             )
-    return fn(prof, check_budget(budget_bytes), **options)
+    out = fn(prof, check_budget(budget_bytes), **options)
+    if sharded:
+        shard = prof.meta["sharding"]
+        out = out.model_copy(update={"options": {**out.options, "n_gpus": n_gpus,
+                                                 "zero_stage": zero_stage,
+                                                 "precision": shard["policy"],
+                                                 "fixed_bytes_per_gpu": prof.fixed_bytes}})
+    return out
 
 
 from planner.frontier import frontier  # noqa: E402  (needs plan and STRATEGIES above)

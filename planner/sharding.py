@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.precision import PrecisionPolicy, get_policy
 from planner.schema import PlanError
 
-__all__ = ["ShardedMemory", "sharded_fixed_bytes", "ZERO_STAGES"]
+__all__ = ["ShardedMemory", "sharded_fixed_bytes", "shard_profile", "ZERO_STAGES"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -78,3 +78,54 @@ def sharded_fixed_bytes(
         weight_bytes=w, grad_bytes=g, optimizer_bytes=o, gathered_bytes=gathered,
         fixed_bytes=w + g + o + gathered,
     )
+
+
+def shard_profile(
+    profile,
+    *,
+    n_gpus: int = 1,
+    zero_stage: int = 0,
+    policy: str | PrecisionPolicy | None = None,
+    gathered_params: int | None = None,
+):
+    """A copy of `profile` whose `fixed_bytes` are the per-GPU bytes of data-parallel training on
+    `n_gpus` GPUs at ZeRO `zero_stage` (the activation chain is unchanged: each GPU runs the whole
+    model on its own micro-batch).
+
+    The model states (weights, gradients, optimizer state) come from `sharded_fixed_bytes`; the
+    rest of the profile's fixed bytes (buffers, a tied weight's pending gradient, AdamW's per-tensor
+    step counters) is kept as measured on every GPU. `policy`: None keeps the bytes per parameter
+    the profile was measured with (its `meta.fixed` breakdown, e.g. fp32 AdamW = 4 + 4 + 8);
+    a name prices the states by that precision policy instead. `gathered_params` (stage 3): the
+    largest unit gathered at once; default the largest stage's parameters.
+    Raises PlanError when the profile has no parameter count (`meta.fixed.n_params`)."""
+    from profiler.schema import load_profile
+
+    prof = load_profile(profile)
+    fixed = prof.meta.get("fixed") if isinstance(prof.meta, dict) else None
+    if not isinstance(fixed, dict) or not isinstance(fixed.get("n_params"), int):
+        raise PlanError(
+            "profile.meta.fixed.n_params: the profile does not say how many parameters it has; "
+            "profile the model with profile_chain or profiler.analytic (they record it)"
+        )
+    n = fixed["n_params"]
+    w, g, o = (int(fixed.get(k, 0)) for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
+    if policy is None:
+        # the measured bytes per parameter, as a policy (AdamW's step counters stay unsharded)
+        steps = o - 2 * w if o >= 2 * w and o - 2 * w < w else 0
+        per = [(b // n if n else 0) for b in (w, g, o - steps)]
+        pol = PrecisionPolicy(f"measured ({prof.dtype})", *per, prof.dtype, prof.dtype, False,
+                              "bytes per parameter as profiled")
+    else:
+        pol = policy if isinstance(policy, PrecisionPolicy) else get_policy(policy)
+        steps = 0
+    other = prof.fixed_bytes - (w + g + o) + steps  # buffers, pending tied gradients, step counters
+    if gathered_params is None:
+        per_elem = (w // n) if n else 0
+        gathered_params = max((layer.param_bytes for layer in prof.layers), default=0)
+        gathered_params = gathered_params // per_elem if per_elem else 0
+    mem = sharded_fixed_bytes(n, n_gpus=n_gpus, zero_stage=zero_stage, policy=pol,
+                              gathered_params=gathered_params)
+    meta = {**prof.meta, "sharding": {**mem.model_dump(), "other_fixed_bytes": max(0, other),
+                                      "unsharded_fixed_bytes": prof.fixed_bytes}}
+    return prof.model_copy(update={"fixed_bytes": mem.fixed_bytes + max(0, other), "meta": meta})
