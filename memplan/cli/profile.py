@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from memplan.cli._app import app, console, echo_json, user_errors
+from memplan.cli._remote import ServerOption, finished_result, remote
 
 
 def _ints(text: str | None, *, field: str) -> tuple[int, ...] | None:
@@ -53,6 +54,7 @@ def profile_cmd(
     name: Annotated[str | None, typer.Option(help="profile name")] = None,
     out: Annotated[Path | None, typer.Option(help="write the profile JSON here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
+    server: ServerOption = None,
 ) -> None:
     """Profile a built-in model: per-stage times, bytes and FLOPs (see docs/profiler.md)."""
     fields: dict = {"dtype": dtype}
@@ -92,7 +94,13 @@ def profile_cmd(
     from profiler.models import model_config
 
     cfg = model_config(model, **fields)
-    if analytic:
+    if server:
+        from profiler.schema import Profile
+
+        job = remote(server).profile({"model": model, "config": fields, "analytic": analytic,
+                                      "repeats": repeats, "warmup": warmup, "device": device})
+        prof = Profile.model_validate(finished_result(job))
+    elif analytic:
         from profiler.analytic import conv_analytic_profile, gpt_analytic_profile
 
         fn = gpt_analytic_profile if model == "gpt" else conv_analytic_profile

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from memplan.cli._app import app, console, echo_json, user_errors
+from memplan.cli._remote import ServerOption, finished_result, remote
 
 
 @app.command("run")
@@ -27,6 +28,7 @@ def run_cmd(
     autocast: Annotated[str | None, typer.Option(help="bfloat16 or float16 autocast")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda[:i]")] = "cpu",
     json_out: Annotated[bool, typer.Option("--json", help="print the RunReport as JSON")] = False,
+    server: ServerOption = None,
 ) -> None:
     """Profile, plan, run and compare a built-in model: predicted against measured."""
     from executor.pipeline import RunSpec, run_builtin
@@ -37,7 +39,21 @@ def run_cmd(
                    budget_bytes=parse_bytes(budget, field="--budget") if budget else None,
                    strategy=strategy, features=[f for f in features.split(",") if f.strip()],
                    steps=steps, autocast_dtype=autocast, device=device)
-    if json_out:
+    if server:
+        from executor.report import RunReport
+
+        body = {"model": model, "budget_bytes": spec.budget_bytes, "strategy": strategy,
+                "features": list(spec.features), "steps": steps, "autocast_dtype": autocast,
+                "device": device,
+                "config": {"n_layer": n_layer, "n_embd": d_model, "n_head": n_head,
+                           "block_size": seq, "vocab_size": vocab, "batch_size": batch,
+                           "dropout": dropout}}
+        report = RunReport.model_validate(finished_result(remote(server).run(body)))
+        if json_out:
+            echo_json(report)
+        else:
+            print_report(report)
+    elif json_out:
         report, _, _ = run_builtin(spec)
         echo_json(report)
     else:
