@@ -88,3 +88,10 @@ def test_bad_inputs():
         inference_aware(float("nan"), flops=1e22)
     with pytest.raises(ScalingError, match="target_loss, flops: give exactly one"):
         inference_aware(1e12)
+
+
+def test_plenty_of_unique_tokens_is_the_unconstrained_optimum():
+    s = data_constrained_optimal(1e21, 1e15)
+    assert s.params == pytest.approx(s.unconstrained_params, rel=1e-4)
+    assert s.loss == pytest.approx(s.unconstrained_loss, abs=1e-9)
+    assert s.epochs < 1
