@@ -43,8 +43,20 @@ class Sizing(BaseModel):
     warnings: list[str] = Field(default_factory=list)
 
 
+def _in_range(field: str, value: float, *results: float) -> None:
+    """Refuse inputs so extreme that a result under- or overflows floating point (a silent 0,
+    infinity or NaN otherwise)."""
+    if not all(math.isfinite(r) and r > 0 for r in results):
+        raise ScalingError(
+            f"{field}: {value:g} is too small or too large to size (the result under- or "
+            "overflows floating point)"
+        )
+
+
 def sizing(law: Law, query: Query, params: float, tokens: float, **extra) -> dict:
     """The common fields of a `Sizing` (a dict, so that subclasses can add theirs)."""
+    _in_range("params" if query == "params" else "flops" if query == "compute" else query,
+              params, params, tokens, params * tokens)
     return dict(
         query=query,
         law=law.name,
@@ -65,6 +77,7 @@ def compute_optimal(flops: float, *, law: str | Law | None = None) -> Sizing:
     C = check_positive("flops", flops)
     lw = get_law(law)
     N = float(lw.optimal_params(C))
+    _in_range("flops", C, N)
     return Sizing(**sizing(lw, "compute", N, C / (FLOPS_PER_PARAM_TOKEN * N)))
 
 
@@ -73,7 +86,11 @@ def optimal_for_params(params: float, *, law: str | Law | None = None) -> Sizing
     compute-optimal."""
     N = check_positive("params", params)
     lw = get_law(law)
-    C = lw.optimal_flops_for_params(N)
+    try:
+        C = lw.optimal_flops_for_params(N)
+    except OverflowError:
+        C = math.inf
+    _in_range("params", N, C)
     return Sizing(**sizing(lw, "params", N, C / (FLOPS_PER_PARAM_TOKEN * N)))
 
 
