@@ -100,6 +100,7 @@ class ScheduleRunner:
         device: torch.device,
         autocast_dtype: torch.dtype | None = None,
         guards: Sequence[str] = GUARDS,
+        storage: dict[int, str] | None = None,
     ) -> None:
         self.stages = list(stages)
         self.ops = [tuple(op) for op in ops]
@@ -110,6 +111,9 @@ class ScheduleRunner:
         self.guards = StageGuards(self.stages, self.counts, device=device, enabled=guards)
         self.op_seconds: list[float] = []
         self._loss_buf: torch.Tensor | None = None
+        # stage -> storage dtype of its kept output (plan.checkpoint_dtypes; features/storage.py)
+        self.storage = {int(i): d for i, d in (storage or {}).items()}
+        self._fresh: set[int] = set()
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
@@ -136,6 +140,7 @@ class ScheduleRunner:
         grad: list[Any] = [None] * (L + 1)  # d_i: flat list aligned with a_i's leaves
         loss: torch.Tensor | None = None
         self.op_seconds = []
+        self._fresh = set()
         for k, op in enumerate(self.ops):
             with op_context(k, op) if op_context else contextlib.nullcontext():
                 loss = self._op(k, op, act, rec, grad, loss, loss_scale, time_ops)
@@ -143,6 +148,24 @@ class ScheduleRunner:
         if loss is None:
             raise ExecutorError("schedule: it has no ['loss'] op")
         return loss.detach().clone()
+
+    def _store_after(self, k: int, name: str, i: int, act: list, new_output: bool) -> None:
+        """NOTE [ Storage precision of checkpoints ] (planner/checkpoint_dtype.py): a new F output
+        of a stored stage waits for its first reader; after that reader, unless the next op drops
+        it (or, the reader being R, its record pins it), it is stored converted."""
+        from executor.features.storage import store
+
+        j = i - 1
+        if j in self._fresh:
+            self._fresh.discard(j)
+            nxt = tuple(self.ops[k + 1]) if k + 1 < len(self.ops) else None
+            if name == "F" and nxt != ("drop", j):
+                act[j] = store(act[j], self.storage[j], stage=j)
+        if new_output and i in self.storage and i < self.L:
+            if name == "F":
+                self._fresh.add(i)
+            else:
+                self._fresh.discard(i)
 
     def _op(self, k: int, op: Op, act: list, rec: dict, grad: list, loss: Any,
             loss_scale: float | None, time_ops: bool) -> Any:
@@ -158,11 +181,22 @@ class ScheduleRunner:
                 # a live, unpinned a_i is replaced by the (equal) recomputed output: free it
                 # first so that the op costs no x_i, as the chain model's "x_i (if new)" says
                 act[i] = None
+            new_output = act[i] is None
+            tmp_input = None
+            if self.storage:
+                from executor.features.storage import Stored, load
+
+                if isinstance(act[i - 1], Stored):
+                    if name == "R":  # restored to its compute dtype; the record keeps it
+                        act[i - 1] = load(act[i - 1])
+                    else:
+                        tmp_input = load(act[i - 1])  # a temporary for this forward
             with self.guards.forward(i), self._autocast():
                 if name == "F":
                     with torch.no_grad():
-                        out = stage(act[i - 1])
+                        out = stage(act[i - 1] if tmp_input is None else tmp_input)
                     act[i] = out
+                    del tmp_input
                 else:
                     inp = _alias(act[i - 1], requires_grad=True)
                     with torch.enable_grad():
@@ -174,6 +208,8 @@ class ScheduleRunner:
                     # new output; it was live during the op, which the replay does not count
                     # (NOTE [ R on a live output ] in docs/executor.md)
             del out
+            if self.storage:
+                self._store_after(k, name, i, act, new_output)
         elif name == "drop":
             act[op[1]] = None
         elif name == "loss":

@@ -87,6 +87,11 @@ class Plan(BaseModel):
         default_factory=list, description="stages run forward more than once"
     )
     options: dict[str, Any] = Field(default_factory=dict, description="strategy options used")
+    checkpoint_dtypes: dict[int, str] = Field(
+        default_factory=dict,
+        description="stage i -> dtype its kept output a_i is stored in (float32, bfloat16, "
+        "float8_e4m3fn, ...); stages not listed: as computed (docs/precision.md)",
+    )
 
     @field_validator("schedule", mode="before")
     @classmethod

@@ -29,6 +29,8 @@ class Simulation:
     timeline: list[int] = field(repr=False)  # bytes live during each op
     forward_counts: list[int] = field(repr=False)  # per stage 1..L: forwards run (F or R)
     checkpoints: list[int] = field(repr=False)  # a_i live at `loss` and not pinned by record i+1
+    # stages whose a_i was converted to its storage dtype (a `storage` map; docs/precision.md)
+    converted: list[int] = field(default_factory=list, repr=False)
 
     @property
     def peak_op(self) -> int:
@@ -41,19 +43,26 @@ def store_all_time(profile: Profile) -> float:
     return sum(layer.forward_s + layer.backward_s for layer in profile.layers)
 
 
-def simulate(profile: Profile | dict, schedule: list[Op] | list[list]) -> Simulation:
+def simulate(
+    profile: Profile | dict,
+    schedule: list[Op] | list[list],
+    *,
+    storage: dict[int, str] | None = None,
+) -> Simulation:
     """Replay `schedule` over `profile`.
 
     Returns a `Simulation`: validity (the first broken rule and its op), time in seconds, peak bytes
     (above fixed memory) and the bytes live during each op. An invalid schedule is a result with
     `valid=False`, not an exception; malformed ops raise `planner.schema.PlanError`.
+    `storage` maps stages i (1..L-1) to the dtype their kept outputs a_i are stored in (see
+    NOTE [ Storage precision of checkpoints ] in planner/checkpoint_dtype.py); None: as computed.
     """
     prof = load_profile(profile)
     ops = parse_schedule(schedule)
-    return _replay(prof, ops)
+    return _replay(prof, ops, storage)
 
 
-def _replay(prof: Profile, ops: list[Op]) -> Simulation:
+def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None) -> Simulation:
     L = prof.n_stages
     x = [prof.input_bytes] + [layer.output_bytes for layer in prof.layers]
     f = [0.0] + [layer.forward_s for layer in prof.layers]
@@ -73,6 +82,17 @@ def _replay(prof: Profile, ops: list[Op]) -> Simulation:
     timeline: list[int] = []
     fwd = [0] * (L + 1)
     checkpoints: list[int] = []
+    # storage precision (planner/checkpoint_dtype.py): xs[i] stored bytes of a_i, cast_tmp[i] the
+    # transient of its conversion; fresh[i]: produced by F, not yet converted; comp[i]: converted
+    xs: dict[int, int] = {}
+    cast_tmp: dict[int, int] = {}
+    if storage:
+        from planner.checkpoint_dtype import storage_sizes
+
+        xs, cast_tmp = storage_sizes(prof, storage)
+    fresh = [False] * (L + 1)
+    comp = [False] * (L + 1)
+    converted: list[int] = []
 
     def fail(k: int, op: Op, why: str) -> Simulation:
         base = store_all_time(prof)
@@ -89,6 +109,7 @@ def _replay(prof: Profile, ops: list[Op]) -> Simulation:
             timeline=timeline,
             forward_counts=fwd[1:],
             checkpoints=checkpoints,
+            converted=converted,
         )
 
     for k, op in enumerate(ops):
@@ -112,14 +133,39 @@ def _replay(prof: Profile, ops: list[Op]) -> Simulation:
                     return fail(k, op, f"its input a_{i - 1} is not live")
                 if name == "R" and rec[i]:
                     return fail(k, op, f"stage {i} already has a live record")
+                j = i - 1
+                upcast = 0  # a stored a_j read by F: a temporary copy in its compute dtype
+                restore = 0  # a stored a_j read by R: restored to its compute dtype (pinned)
+                if comp[j]:
+                    if name == "F":
+                        upcast = x[j]
+                    else:
+                        restore = live + x[j]
+                        live += x[j] - xs[j]
+                        comp[j] = False
+                if comp[i] and not (i < L and rec[i + 1]):
+                    # a live, unpinned stored a_i is freed before it is recomputed (the runner)
+                    live -= xs[i]
+                    act[i] = comp[i] = False
                 new = 0 if act[i] else x[i]
                 if name == "R":
-                    during = live + new + s[i] + tf[i]
+                    during = max(restore, live + new + s[i] + tf[i])
                     live += new + s[i]
                     rec[i] = True
                 else:
-                    during = live + new + tf[i]
+                    during = live + upcast + new + tf[i]
                     live += new
+                if xs:
+                    if new and i in xs:
+                        fresh[i] = name == "F"
+                    if fresh[j]:
+                        # the first reader used a_j as computed; store it now, unless dropped next
+                        fresh[j] = False
+                        if name == "F" and ops[k + 1 : k + 2] != [("drop", j)]:
+                            during = max(during, live + xs[j] + cast_tmp[j])
+                            live += xs[j] - x[j]
+                            comp[j] = True
+                            converted.append(j)
                 act[i] = True
                 fwd[i] += 1
                 time_s += f[i]
@@ -129,8 +175,9 @@ def _replay(prof: Profile, ops: list[Op]) -> Simulation:
                 if i < L and rec[i + 1]:
                     return fail(k, op, f"a_{i} is pinned by the live record of stage {i + 1}")
                 during = live
-                live -= x[i]
+                live -= xs[i] if comp[i] else x[i]
                 act[i] = False
+                comp[i] = fresh[i] = False
             else:  # "B"
                 if i != next_b:
                     return fail(k, op, f"backward must run B {next_b} next (B L..1, each once)")
@@ -166,4 +213,5 @@ def _replay(prof: Profile, ops: list[Op]) -> Simulation:
         timeline=timeline,
         forward_counts=fwd[1:],
         checkpoints=checkpoints,
+        converted=converted,
     )

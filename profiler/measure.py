@@ -124,6 +124,7 @@ def profile_chain(
                     backward_temp_bytes=mem["backward_temp_bytes"],
                     param_bytes=pbytes,
                     flops=flops,
+                    output_dtype=_value_dtype(inputs[i + 1]) if i + 1 < len(stages) else None,
                 )
             )
             extras.append({"name": label, **mem["extra"]})
@@ -311,6 +312,11 @@ class _Seed(torch.autograd.Function):
     def backward(ctx, grad):
         shape, dtype, device = ctx.meta
         return torch.ones(shape, dtype=dtype, device=device)
+
+
+def _value_dtype(x) -> str | None:
+    """The dtype name of a stage's tensor output ('float32', ...); None for other values."""
+    return str(x.dtype).removeprefix("torch.") if isinstance(x, torch.Tensor) else None
 
 
 def _storages(tensors) -> dict[int, int]:

@@ -51,6 +51,11 @@ class LayerProfile(BaseModel):
     backward_temp_bytes: Bytes = Field(default=0, description="[tb_i] transient bytes in backward")
     param_bytes: Bytes = Field(default=0, description="bytes of the stage's parameters (reports)")
     flops: Annotated[float, Field(ge=0.0)] = Field(default=0.0, description="FLOPs of one forward")
+    output_dtype: str | None = Field(
+        default=None,
+        description="dtype of its output a_i (e.g. 'float32' for the residual stream under bf16 "
+        "autocast); None: the profile's dtype. Storage precision of checkpoints (docs/precision.md)",
+    )
 
 
 class Profile(BaseModel):
