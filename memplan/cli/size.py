@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Annotated
 import typer
 
 from memplan.cli._app import app, console, echo_json, user_errors
+from memplan.cli._remote import ServerOption, remote
 
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 _NUMBER = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtTpP]?)\s*$")
@@ -80,6 +82,29 @@ def _print_sizing(s) -> None:
         out.print(f"note: {note}")
 
 
+# library (and API) names -> `memplan size` options, for error messages
+_OPTION = {
+    "compute_flops": "--compute", "target_loss": "--loss", "inference_tokens": "--inference-tokens",
+    "unique_tokens": "--unique-tokens", "params": "--params", "tokens": "--tokens",
+}
+
+
+def _print_remote(data: dict) -> None:
+    """A server's sizing answer (plain JSON) as a two-column table."""
+    from rich.table import Table
+
+    table = Table(title=f"{data.get('query', '')} sizing ({data.get('law', '')} law)", show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("", justify="right")
+    for key, val in data.items():
+        if key in ("query", "law") or val is None or isinstance(val, (list, dict)):
+            continue
+        table.add_row(key.replace("_", " "), f"{val:.4g}" if isinstance(val, float) else str(val))
+    console().print(table)
+    for w in data.get("warnings", []):
+        console().print(f"[yellow]warning:[/yellow] {w}")
+
+
 @app.command("size")
 @user_errors
 def size_cmd(
@@ -113,6 +138,7 @@ def size_cmd(
                                  "(default with --unique-tokens), approach1")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    server: ServerOption = None,
 ) -> None:
     """Size a model by a scaling law: compute -> (N, D, loss), N -> (D, C), loss -> cheapest (N, D);
     inference-aware, data-constrained or memory-aware with the options."""
@@ -123,43 +149,30 @@ def size_cmd(
     D = parse_count(tokens, field="--tokens")
     U = parse_count(unique_tokens, field="--unique-tokens")
     D_inf = parse_count(inference_tokens, field="--inference-tokens")
+    query = dict(
+        compute_flops=C, params=N, target_loss=loss, tokens=D, inference_tokens=D_inf,
+        unique_tokens=U, devices=devices, seq_len=seq_len, micro_batch=micro_batch,
+        peak_flops=None if peak_tflops is None else peak_tflops * 1e12, device=device,
+        utilization=utilization, strategy=strategy, law=law,
+    )
     if memory is not None:
         from memplan.units import parse_bytes
-        from planner.scaling.memory_aware import memory_aware_size
 
-        bar, update = _progress("planning candidate sizes")
-        with bar:
-            result = memory_aware_size(
-                parse_bytes(memory, field="--memory"), n_devices=devices, law=law,
-                seq_len=seq_len, micro_batch=micro_batch, device=device,
-                peak_flops=None if peak_tflops is None else peak_tflops * 1e12,
-                utilization=utilization, strategy=strategy, progress=update,
-            )
-    elif U is not None:
-        if C is not None:
-            result = scaling.data_constrained_optimal(C, U, law=law)
-        elif N is not None and D is not None:
-            result = scaling.data_constrained_loss(N, D, U, law=law)
+        query["memory_bytes"] = parse_bytes(memory, field="--memory")
+    if server:
+        data = remote(server).sizing(**query)
+        if json_out:
+            echo_json(data)
         else:
-            raise ValueError("--unique-tokens: give --compute (the best N, D) or --params and "
-                             "--tokens (their loss)")
-    elif D_inf is not None:
-        if (C is None) == (loss is None):
-            raise ValueError("--inference-tokens: give one of --compute or --loss as the loss to reach")
-        result = scaling.inference_aware(D_inf, target_loss=loss, flops=C, law=law)
-    else:
-        given = [k for k, v in (("--compute", C), ("--params", N), ("--loss", loss)) if v is not None]
-        if len(given) != 1:
-            raise ValueError(
-                "size: give exactly one of --compute, --params or --loss"
-                + (f" (got {', '.join(given)})" if given else "")
-            )
-        if C is not None:
-            result = scaling.compute_optimal(C, law=law)
-        elif N is not None:
-            result = scaling.optimal_for_params(N, law=law)
-        else:
-            result = scaling.cheapest_for_loss(loss, law=law)  # type: ignore[arg-type]
+            _print_remote(data)
+        return
+    bar, update = _progress("planning candidate sizes")
+    with bar if memory is not None else contextlib.nullcontext():
+        try:
+            result = scaling.size(**query, progress=update if memory is not None else None)
+        except scaling.ScalingError as err:  # name the CLI's options, not the library's
+            raise ValueError(re.sub(r"\b(" + "|".join(_OPTION) + r")\b",
+                                    lambda m: _OPTION[m.group(1)], str(err))) from None
     if json_out:
         echo_json(result)
     else:

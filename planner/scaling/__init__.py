@@ -30,8 +30,10 @@ from planner.scaling.queries import (
 )
 from planner.scaling.runs import Runs, load_runs
 from planner.scaling.shapes import GPTShape, gpt_shape, shape_for_layers
+from planner.scaling.size import size
 
 __all__ = [
+    "size",
     "DEFAULT_LAW",
     "LAWS",
     "Law",

@@ -1,17 +1,13 @@
 """`GET /v1/sizing` (compute-optimal sizing by a scaling law) and `POST /v1/sizing/fit` (fit a law
 to a user's runs): `planner.scaling`, the same calls as `memplan size` and `memplan fit`.
 
-NOTE [ Which query ]
-The query parameters choose the library function exactly as `memplan size`'s options do:
-memory_bytes -> memory_aware_size; unique_tokens -> data_constrained_optimal (with compute_flops)
-or data_constrained_loss (with params and tokens); inference_tokens -> inference_aware (with
-compute_flops or target_loss); else exactly one of compute_flops, params, target_loss ->
-compute_optimal, optimal_for_params, cheapest_for_loss.
+The query parameters are `planner.scaling.size`'s options, which choose the question (see its
+docstring); `memplan size` calls the same function.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
@@ -31,10 +27,6 @@ router = APIRouter(prefix="/v1/sizing", tags=["sizing"], dependencies=[Depends(r
 
 LawName = Literal["epoch", "hoffmann", "hoffmann-tex", "muennighoff", "approach1"]
 Positive = Annotated[float | None, Query(gt=0, allow_inf_nan=False)]
-
-
-def _bad(field: str, msg: str) -> ProblemError:
-    return ProblemError(422, f"{field}: {msg}", kind="invalid-input", errors=[FieldError(field=f"query.{field}", message=msg)])
 
 
 @router.get(
@@ -67,47 +59,10 @@ def get_sizing(
     law: Annotated[LawName | None, Query(description="null: the library's default")] = None,
 ) -> Response:
     query = dict(locals())
-    result = call_library(_sizing, prefix="query", **query)
+    from planner.scaling import size
+
+    result = call_library(size, prefix="query", **query)
     return Response(result.model_dump_json(), media_type="application/json")
-
-
-def _sizing(
-    *, compute_flops, params, target_loss, tokens, inference_tokens, unique_tokens, memory_bytes,
-    devices, seq_len, micro_batch, peak_flops, device, utilization, strategy, law,
-) -> Any:
-    """The library call the query names (NOTE [ Which query ])."""
-    from planner import scaling
-
-    if memory_bytes is not None:
-        result: Any = scaling.memory_aware_size(
-            memory_bytes, n_devices=devices, law=law, seq_len=seq_len, micro_batch=micro_batch,
-            device=device, peak_flops=peak_flops, utilization=utilization, strategy=strategy,
-        )
-    elif unique_tokens is not None:
-        if compute_flops is not None:
-            result = scaling.data_constrained_optimal(compute_flops, unique_tokens, law=law)
-        elif params is not None and tokens is not None:
-            result = scaling.data_constrained_loss(params, tokens, unique_tokens, law=law)
-        else:
-            raise _bad("unique_tokens", "give compute_flops (the best N, D), or params and tokens (their loss)")
-    elif inference_tokens is not None:
-        if (compute_flops is None) == (target_loss is None):
-            raise _bad("inference_tokens", "give one of compute_flops or target_loss")
-        result = scaling.inference_aware(inference_tokens, target_loss=target_loss, flops=compute_flops, law=law)
-    else:
-        given = [k for k, v in (("compute_flops", compute_flops), ("params", params),
-                                ("target_loss", target_loss)) if v is not None]
-        if len(given) != 1:
-            raise _bad(given[1] if len(given) > 1 else "compute_flops",
-                       "give exactly one of compute_flops, params or target_loss"
-                       + (f" (got {', '.join(given)})" if given else ""))
-        if compute_flops is not None:
-            result = scaling.compute_optimal(compute_flops, law=law)
-        elif params is not None:
-            result = scaling.optimal_for_params(params, law=law)
-        else:
-            result = scaling.cheapest_for_loss(target_loss, law=law)  # type: ignore[arg-type]
-    return result
 
 
 class RunPoint(BaseModel):

@@ -59,7 +59,7 @@ def test_size_other_queries():
         (["--compute", "1e22", "--params", "1B"], "give exactly one of --compute, --params or --loss"),
         ([], "give exactly one"),
         (["--compute", "1e22", "--law", "kaplan"], "law: unknown 'kaplan'"),
-        (["--loss", "1.0"], "target_loss"),
+        (["--loss", "1.0"], "--loss"),
         (["--unique-tokens", "1e9"], "--unique-tokens: give --compute"),
     ],
 )
