@@ -200,6 +200,7 @@ def fit_cmd(
     loss_column: Annotated[str, typer.Option(help="column holding the final loss")] = "loss",
     plot: Annotated[Path | None, typer.Option(help="write a plot of the runs and the fit here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the fit as JSON")] = False,
+    server: ServerOption = None,
 ) -> None:
     """Fit L = E + A/N^alpha + B/D^beta to RUNS (Huber on log loss, global search, bootstrap)."""
     from planner.scaling import fit_law, load_runs
@@ -210,6 +211,24 @@ def fit_cmd(
         raise ValueError("--drop-highest-loss: must be at least 0")
     data = data.drop_highest_loss(drop_highest_loss)
     flops = [parse_count(c, field="--compute") for c in (compute or [])]
+    if server:
+        if plot is not None:
+            raise ValueError("--plot: draw the plot locally (leave out --server)")
+        rows = [{"params": float(n), "tokens": float(d), "loss": float(v)}
+                for n, d, v in zip(data.params, data.tokens, data.loss, strict=True)]
+        fitted = remote(server).fit({
+            "runs": rows, "bootstrap": bootstrap, "seed": seed, "confidence": confidence,
+            "flops": flops, "method": method, "alpha_equals_beta": alpha_equals_beta,
+            "fixed_E": fixed_e,
+        })
+        from planner.scaling import FitResult
+
+        result = FitResult.model_validate(fitted)
+        if json_out:
+            echo_json(result)
+        else:
+            _print_fit(result, None)
+        return
     bar, update = _progress("bootstrap" if bootstrap else "fit")
     with bar:
         result = fit_law(data, method=method, alpha_equals_beta=alpha_equals_beta, fixed_E=fixed_e,
