@@ -18,7 +18,7 @@ setup() {
         "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
         # the CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build
         "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
-        "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev,features]"
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev,features,ray]"
         touch "$STAMP"
     fi
 }

@@ -19,7 +19,7 @@ from service.jobs.store import JobStore
 from service.jobs.supervisor import WorkerSupervisor
 from service.limits import BodyLimitMiddleware
 from service.problems import Problem, install_problem_handlers
-from service.routers import health, plans, profiles, runs, sizing
+from service.routers import health, plans, profiles, runs, sizing, sweeps
 from service.settings import Settings, get_settings
 
 __all__ = ["app", "create_app", "STARTED_AT"]
@@ -67,7 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     install_problem_handlers(app)
-    for module in (health, plans, sizing, profiles, runs):
+    for module in (health, plans, sizing, profiles, runs, sweeps):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

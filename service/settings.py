@@ -56,6 +56,24 @@ class Settings(BaseSettings):
         default="service.jobs.kinds:profile_job",
         description="'module:function' that profiles a built-in model",
     )
+    sweep_cell_job: str = Field(
+        default="executor.sweep:sweep_cell", description="'module:function' that runs a sweep cell"
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="a Ray cluster ('host:port', or 'auto'): jobs run there as Ray tasks instead "
+        "of in the local worker (service.backends)",
+    )
+    ray_pending_timeout_s: float = Field(
+        default=120.0, gt=0,
+        description="a Ray task that asks for more than the whole cluster has fails after this",
+    )
+    ray_max_retries: int = Field(
+        default=2, ge=0, description="Ray retries of a task whose worker process died"
+    )
+    ray_max_in_flight: int = Field(
+        default=32, ge=1, description="jobs submitted to the Ray cluster at once"
+    )
     sse_poll_s: float = Field(default=0.2, gt=0, description="event stream polling period")
     sse_keepalive_s: float = Field(default=15.0, gt=0, description="comment line when idle")
     plan_cache_size: int = Field(

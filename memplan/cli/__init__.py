@@ -12,6 +12,7 @@ from memplan.cli import profile as _profile  # noqa: F401  (registers profile)
 from memplan.cli import run as _run  # noqa: F401  (registers run)
 from memplan.cli import serve as _serve  # noqa: F401  (registers serve, worker, info, runs)
 from memplan.cli import size as _size  # noqa: F401  (registers size, fit)
+from memplan.cli import sweep as _sweep  # noqa: F401  (registers sweep)
 from memplan.cli._app import app
 
 __all__ = ["app", "main"]

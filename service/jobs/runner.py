@@ -66,7 +66,8 @@ def run_one(store: JobStore, job_id: str, settings: Settings) -> JobState:
     if job is None or job.state is not JobState.running:
         log.warning("job %s is not running (state %s); nothing to do", job_id, job and job.state)
         return job.state if job else JobState.failed
-    path = {"run": settings.run_job, "profile": settings.profile_job}.get(job.kind)
+    path = {"run": settings.run_job, "profile": settings.profile_job,
+            "sweep-cell": settings.sweep_cell_job}.get(job.kind)
     ctx = JobContext(store, job_id, device=settings.device)
     try:
         if path is None:

@@ -456,6 +456,19 @@ class JobStore:
                 self._event(db, job_id, "state", {"state": "queued", "requeued": True})
             return bool(cur.rowcount)
 
+    def note_retry(self, job_id: str, *, message: str) -> bool:
+        """A running job started again by its backend (a Ray task retried after its worker died):
+        count the start and log it. False if the job is not running."""
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE jobs SET attempts = attempts + 1, progress = 0, message = ?"
+                " WHERE id = ? AND state = 'running'",
+                (message, job_id),
+            )
+            if cur.rowcount:
+                self._event(db, job_id, "log", {"message": message, "retry": True})
+            return bool(cur.rowcount)
+
     def heartbeat(self, worker_id: str, *, device: dict[str, Any] | None = None) -> None:
         """Record that `worker_id` is alive (and, once known, the device it runs jobs on)."""
         now = time.time()

@@ -214,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid() if args.exit_with_parent else None
     if args.exit_with_parent:
         die_with_parent(signal.SIGTERM)
-    worker = Worker(settings, parent_pid=parent)
+    from service.backends import make_worker  # the local worker, or Ray when settings name one
+
+    worker = make_worker(settings, parent_pid=parent)
     signal.signal(signal.SIGTERM, worker.stop)
     signal.signal(signal.SIGINT, worker.stop)
     return worker.run()

@@ -1,0 +1,183 @@
+"""`/v1/sweeps`: a grid of model configurations x budgets x strategies x precision policies, one
+job per cell (kind 'sweep-cell', run by whichever backend serves the store: the local worker or a
+Ray cluster), gathered into one report (`executor.sweep.gather`) and a plot.
+
+The sweep itself is a row of the `sweeps` table beside the jobs in the same SQLite store (the
+system of record): its request and its cells' job ids. Its state is derived from its cells'.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import tempfile
+import time
+import uuid
+from pathlib import Path as FsPath
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from executor.sweep import SweepReport, SweepSpec
+from service.deps import SettingsDep, StoreDep, body_openapi, json_body, require_api_key
+from service.jobs.store import TERMINAL_STATES, JobState, JobStore
+from service.problems import ProblemError, call_library, problem_responses
+
+__all__ = ["router", "Sweep"]
+
+router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], dependencies=[Depends(require_api_key)])
+
+SweepId = Annotated[str, Path(min_length=1, max_length=64, description="the sweep's id")]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sweeps (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    request TEXT NOT NULL,
+    cells TEXT NOT NULL,
+    jobs TEXT NOT NULL
+);
+"""
+
+
+class Sweep(BaseModel):
+    """A sweep: its cells' progress and, once every cell has finished, the gathered report."""
+
+    id: str
+    state: JobState = Field(description="queued, running, or (all cells finished) succeeded; "
+                            "cancelled when any cell was cancelled")
+    created_at: float
+    n_cells: int
+    finished: int
+    progress: float = Field(ge=0, le=1)
+    cells: dict[str, int] = Field(description="cells per state")
+    jobs: list[str] = Field(description="the cells' job ids, in grid order")
+    request: dict[str, Any]
+    report: SweepReport | None = None
+    plot_url: str | None = Field(default=None, description="the frontier plot (PNG), once finished")
+
+
+def _db(store: JobStore) -> sqlite3.Connection:
+    conn = sqlite3.connect(store.path, timeout=30, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.executescript(_SCHEMA)
+    return conn
+
+
+def _load(store: JobStore, sweep_id: str) -> sqlite3.Row:
+    conn = _db(store)
+    try:
+        row = conn.execute("SELECT * FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+    finally:
+        conn.close()
+    if row is None:
+        raise ProblemError(404, f"no sweep with id {sweep_id!r}", kind="not-found")
+    return row
+
+
+def _view(store: JobStore, row: sqlite3.Row) -> Sweep:
+    from executor.sweep import gather
+
+    ids = json.loads(row["jobs"])
+    reqs = json.loads(row["cells"])
+    jobs = [store.get(i) for i in ids]
+    counts: dict[str, int] = {}
+    for j in jobs:
+        key = j.state.value if j else "failed"
+        counts[key] = counts.get(key, 0) + 1
+    finished = sum(1 for j in jobs if j is None or j.state in TERMINAL_STATES)
+    progress = sum(1.0 if (j is None or j.state in TERMINAL_STATES) else j.progress for j in jobs)
+    report = None
+    if finished == len(jobs):
+        state = JobState.cancelled if counts.get("cancelled") else JobState.succeeded
+        outcomes = [
+            (j.state.value, j.result, (j.error.detail if j.error else None)) if j else
+            ("failed", None, "the cell's job is missing from the store") for j in jobs
+        ]
+        report = gather(reqs, outcomes)
+    elif counts.get("queued", 0) == len(jobs):
+        state = JobState.queued
+    else:
+        state = JobState.running
+    return Sweep(
+        id=row["id"], state=state, created_at=row["created_at"], n_cells=len(jobs),
+        finished=finished, progress=progress / len(jobs) if jobs else 1.0, cells=counts, jobs=ids,
+        request=json.loads(row["request"]), report=report,
+        plot_url=f"/v1/sweeps/{row['id']}/plot.png" if report is not None else None,
+    )
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=Sweep,
+    summary="Submit a sweep (one job per cell of the grid)",
+    description="Expands models x budgets_bytes x strategies x precisions into cells, queues one "
+    "job per cell and answers 202 with `Location: /v1/sweeps/{id}`. 429 when the queue has no "
+    "room for every cell.",
+    responses={**problem_responses(401, 413, 415, 422, 429)},
+    openapi_extra=body_openapi(SweepSpec),
+)
+def create_sweep(
+    body: Annotated[SweepSpec, Depends(json_body(SweepSpec))],
+    store: StoreDep,
+    settings: SettingsDep,
+) -> JSONResponse:
+    from executor.sweep import cells
+
+    reqs = call_library(cells, body)
+    room = settings.max_queue_depth - store.depth()
+    if len(reqs) > room:
+        raise ProblemError(
+            429, f"the sweep has {len(reqs)} cells but the queue has room for {max(room, 0)} "
+            f"(MEMPLAN_MAX_QUEUE_DEPTH={settings.max_queue_depth}); wait, or split the sweep",
+            kind="queue-full", headers={"Retry-After": "5"})
+    ids = [store.submit("sweep-cell", req)[0].id for req in reqs]
+    sweep_id = uuid.uuid4().hex
+    conn = _db(store)
+    try:
+        conn.execute("INSERT INTO sweeps (id, created_at, request, cells, jobs) VALUES (?, ?, ?, ?, ?)",
+                     (sweep_id, time.time(), body.model_dump_json(), json.dumps(reqs), json.dumps(ids)))
+    finally:
+        conn.close()
+    view = _view(store, _load(store, sweep_id))
+    return JSONResponse(view.model_dump(mode="json"), status_code=202,
+                        headers={"Location": f"/v1/sweeps/{sweep_id}", "Retry-After": "1"})
+
+
+@router.get("/{sweep_id}", response_model=Sweep, summary="A sweep: progress, then its report",
+            responses=problem_responses(401, 404, 422))
+def get_sweep(sweep_id: SweepId, store: StoreDep) -> Sweep:
+    return _view(store, _load(store, sweep_id))
+
+
+@router.get(
+    "/{sweep_id}/plot.png",
+    summary="The sweep's frontier plot",
+    response_class=Response,
+    responses={200: {"content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}},
+               **problem_responses(401, 404, 409, 422)},
+)
+def sweep_plot(sweep_id: SweepId, store: StoreDep) -> Response:
+    from executor.sweep import plot_sweep
+
+    view = _view(store, _load(store, sweep_id))
+    if view.report is None:
+        raise ProblemError(409, f"sweep {sweep_id} has {view.n_cells - view.finished} cells to "
+                           "finish; the plot comes with the report", kind="not-finished")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = plot_sweep(view.report, FsPath(tmp) / "sweep.png")
+        return Response(path.read_bytes(), media_type="image/png")
+
+
+@router.post("/{sweep_id}/cancel", response_model=Sweep, summary="Cancel every unfinished cell",
+             responses=problem_responses(401, 404, 422))
+def cancel_sweep(sweep_id: SweepId, store: StoreDep) -> Sweep:
+    row = _load(store, sweep_id)
+    for job_id in json.loads(row["jobs"]):
+        job = store.get(job_id)
+        if job is not None and job.state not in TERMINAL_STATES:
+            store.request_cancel(job_id)
+    return _view(store, row)

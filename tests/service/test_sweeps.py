@@ -1,0 +1,92 @@
+"""`/v1/sweeps` on the local worker, and `memplan sweep`: the grid, its report and plot, its errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.service.server import wait_for
+
+TINY = {"n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size": 64,
+        "batch_size": 2, "dropout": 0.0, "repeats": 1}
+
+
+def test_sweep_measured_on_the_local_worker(client):
+    body = {"models": [{"label": "tiny", "config": TINY}], "budgets_bytes": [None, 1],
+            "strategies": ["store-all"], "precisions": ["fp32"], "steps": 2, "device": "cpu"}
+    r = client.post("/v1/sweeps", json=body)
+    assert r.status_code == 202 and r.headers["location"] == f"/v1/sweeps/{r.json()['id']}"
+    sweep = r.json()
+    assert sweep["n_cells"] == 2 and sweep["state"] in ("queued", "running")
+    assert client.get(f"/v1/sweeps/{sweep['id']}/plot.png").status_code in (409, 200)
+    # the cells are jobs of their own kind: not listed among the runs
+    assert all(j["id"] not in sweep["jobs"] for j in client.get("/v1/runs").json()["items"])
+    done = wait_for(lambda: (s := client.get(f"/v1/sweeps/{sweep['id']}").json())["report"] and s,
+                    timeout_s=120, every_s=0.3, what="the sweep")
+    assert done["state"] == "succeeded" and done["progress"] == 1.0
+    rep = done["report"]
+    ok, tight = rep["cells"]
+    # measured profile, store-all: the run allocates exactly the replay's peak
+    assert ok["ran"] and ok["run_status"] == "ok" and ok["grad_max_rel_diff"] == 0.0
+    assert ok["measured_peak_bytes"] == ok["predicted_peak_bytes"]
+    assert ok["measured_fixed_bytes"] == ok["fixed_bytes_per_gpu"]
+    # a 1-byte budget: infeasible is a result, not a failure; it is not run
+    assert tight["state"] == "succeeded" and tight["feasible"] is False and not tight["ran"]
+    assert "least" in tight["message"] or "budget" in tight["message"]
+    assert rep["pareto"] == {"tiny / fp32": [0]}
+    png = client.get(done["plot_url"])
+    assert png.status_code == 200 and png.headers["content-type"] == "image/png"
+
+
+@pytest.mark.parametrize(("patch", "field"), [
+    ({"strategies": ["fastest"]}, "strategies[0]: unknown 'fastest'"),
+    ({"precisions": ["bf16"]}, "precisions[0]: 'bf16' can be planned but not run"),
+    ({"models": [{"config": {"n_layers": 3}}]}, "models[0].config.n_layers: not a model setting"),
+    ({"budgets_bytes": [None] * 64, "strategies": ["optimal", "uniform", "sqrt", "store-all", "heuristic"]},
+     "cells, more than 256"),
+])
+def test_bad_sweeps_are_422_naming_the_field(client, patch, field):
+    body = {"models": [{"config": TINY}], **patch}
+    r = client.post("/v1/sweeps", json=body)
+    assert r.status_code == 422, r.text
+    assert field in r.json()["detail"]
+
+
+def test_unknown_field_and_missing_sweep(client):
+    r = client.post("/v1/sweeps", json={"models": [{}], "budget": 3})
+    assert r.status_code == 422 and "budget" in r.text
+    assert client.get("/v1/sweeps/nope").status_code == 404
+
+
+def test_cancel_a_sweep(client):
+    body = {"models": [{"config": {**TINY, "n_layer": 4}}], "budgets_bytes": [None, None, None],
+            "strategies": ["store-all"], "device": "cpu", "profile": "measured", "steps": 5}
+    sweep = client.post("/v1/sweeps", json=body).json()
+    out = client.post(f"/v1/sweeps/{sweep['id']}/cancel").json()
+    done = wait_for(lambda: (s := client.get(f"/v1/sweeps/{sweep['id']}").json())["report"] and s,
+                    timeout_s=60, every_s=0.2, what="the cancelled sweep")
+    assert out["id"] == sweep["id"]
+    assert done["state"] == "cancelled" and done["report"]["cancelled"] >= 1
+
+
+def test_cli_sweep_plan_only(tmp_path):
+    from memplan.cli import app
+
+    spec = tmp_path / "sweep.json"
+    spec.write_text(json.dumps({
+        "models": [{"label": "t", "config": TINY}], "budgets_bytes": [None, 110_000],
+        "strategies": ["optimal"], "precisions": ["fp32", "zero-mixed"], "n_gpus": 4,
+        "zero_stage": 1, "profile": "analytic", "run": False,
+    }))
+    png = tmp_path / "s.png"
+    res = CliRunner().invoke(app, ["sweep", str(spec), "--json", "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout)
+    assert rep["n_cells"] == 4 and rep["ran"] == 0 and png.read_bytes()[:4] == b"\x89PNG"
+    fp32, zero = rep["cells"][0], rep["cells"][2]
+    assert fp32["predicted_peak_bytes"] == zero["predicted_peak_bytes"]  # same activations
+    assert zero["fixed_bytes_per_gpu"] < fp32["fixed_bytes_per_gpu"]  # 2 + 2 + 12/4 < 4 + 4 + 8/4
+    bad = CliRunner().invoke(app, ["sweep", str(spec), "--plot", "x.jpg"])
+    assert bad.exit_code == 2 and "--plot" in bad.output
