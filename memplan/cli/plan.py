@@ -50,24 +50,59 @@ def plan_cmd(
         float | None,
         typer.Option(help="optimal: least memory for at most this slowdown (0.2 = 20%)"),
     ] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(help="precision policy the profile was measured under: fp32, bf16-mixed, "
+                     "bf16, fp16-mixed (checked against the profile's dtype)"),
+    ] = None,
+    checkpoint_dtype: Annotated[
+        str,
+        typer.Option(help="storage dtype of kept activations: compute (as computed), auto, fp32, "
+                     "bf16, fp16, fp8"),
+    ] = "compute",
+    tolerance: Annotated[
+        float | None,
+        typer.Option(help="largest relative gradient error lossy storage may add (default: the "
+                     "policy's own, 0 for fp32)"),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the Plan as JSON")] = False,
 ) -> None:
     """Plan checkpoints for PROFILE within a memory budget."""
     import planner
+    from planner.checkpoint_dtype import apply_storage, parse_checkpoint_dtype
 
     prof = _load_profile(profile)
+    if precision is not None:
+        _check_precision(prof, precision)
+    mode = parse_checkpoint_dtype(checkpoint_dtype)
     options = {"k": k} if k is not None else {}
     if max_overhead is not None:
         options["max_overhead"] = max_overhead
+    if mode != "compute" and strategy == "optimal":
+        options.update(checkpoint_dtype=checkpoint_dtype, tolerance=tolerance)
     plan = planner.plan(
         prof, budget_bytes=_budget(budget, memory, prof.fixed_bytes), strategy=strategy, **options
     )
+    if mode != "compute" and strategy != "optimal":
+        plan = apply_storage(plan, prof, checkpoint_dtype=checkpoint_dtype, tolerance=tolerance)
     if json_out:
         echo_json(plan)
     else:
         _print_plan(prof, plan)
     if not plan.feasible:
         raise typer.Exit(1)
+
+
+def _check_precision(prof, precision: str) -> None:
+    from planner.precision import get_policy
+
+    policy = get_policy(precision)
+    if policy.compute_dtype != prof.dtype:
+        raise ValueError(
+            f"--precision: {precision} computes in {policy.compute_dtype} but the profile was "
+            f"measured in {prof.dtype}; profile the model under {precision} (memplan profile "
+            "--autocast ...) or pass the matching policy"
+        )
 
 
 @app.command("simulate")
@@ -133,7 +168,9 @@ def _print_plan(prof, plan) -> None:
             n = counts[i - 1]
             role = "recorded" if n == 1 else f"recomputed (x{n})"
             table.add_row(
-                str(i), layer.name, role, "checkpoint" if i in checkpoints else "",
+                str(i), layer.name, role,
+                ("checkpoint" + (f" ({plan.checkpoint_dtypes[i]})" if i in plan.checkpoint_dtypes else ""))
+                if i in checkpoints else "",
                 f"{layer.forward_s * 1e3:.3f} ms", format_bytes(layer.saved_bytes),
             )
         out.print(table)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from starlette.concurrency import run_in_threadpool
 
 import planner
+from planner.checkpoint_dtype import CHOICES as CHECKPOINT_DTYPES
 from planner.schema import Plan, PlanError
 from profiler.schema import Profile, ProfileError
 from service.deps import SettingsDep, body_openapi, json_body, require_api_key
@@ -54,6 +55,14 @@ class PlanRequest(BaseModel):
     options: dict[str, OptionValue] = Field(
         default_factory=dict,
         description="the strategy's keyword options (e.g. uniform's k); unknown ones: 422",
+    )
+    checkpoint_dtype: Literal[CHECKPOINT_DTYPES] = Field(  # type: ignore[valid-type]
+        default="compute",
+        description="storage dtype of kept activations: compute (as computed), auto, or one dtype",
+    )
+    tolerance: float | None = Field(
+        default=None, ge=0,
+        description="largest relative gradient error lossy storage may add; null: the policy's own",
     )
 
 
@@ -140,10 +149,19 @@ def _plan_json(body: PlanRequest) -> bytes:
     kwargs: dict[str, Any] = dict(body.options)
     if body.strategy is not None:
         kwargs["strategy"] = body.strategy
+    stored = body.checkpoint_dtype != "compute"
+    if stored and kwargs.get("strategy", "optimal") == "optimal":
+        kwargs.update(checkpoint_dtype=body.checkpoint_dtype, tolerance=body.tolerance)
+        stored = False
     try:
         plan = call_library(
             planner.plan, body.profile, budget_bytes=body.budget_bytes, value_errors=False, **kwargs
         )
+        if stored:
+            from planner.checkpoint_dtype import apply_storage
+
+            plan = apply_storage(plan, body.profile, checkpoint_dtype=body.checkpoint_dtype,
+                                 tolerance=body.tolerance)
     except ProblemError:
         raise
     except (PlanError, ProfileError) as err:
