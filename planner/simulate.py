@@ -94,13 +94,13 @@ def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None)
     comp = [False] * (L + 1)
     converted: list[int] = []
 
-    def fail(k: int, op: Op, why: str) -> Simulation:
+    def result(error: str | None = None, index: int | None = None) -> Simulation:
         base = store_all_time(prof)
         rs = max(0.0, time_s - base)
         return Simulation(
-            valid=False,
-            error=f"op {k} {list(op)}: {why}",
-            error_index=k,
+            valid=error is None,
+            error=error,
+            error_index=index,
             time_s=time_s,
             peak_bytes=peak,
             total_peak_bytes=prof.fixed_bytes + peak,
@@ -111,6 +111,9 @@ def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None)
             checkpoints=checkpoints,
             converted=converted,
         )
+
+    def fail(k: int, op: Op, why: str) -> Simulation:
+        return result(f"op {k} {list(op)}: {why}", k)
 
     for k, op in enumerate(ops):
         name = op[0]
@@ -199,19 +202,4 @@ def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None)
 
     if next_b != 0:
         return fail(len(ops), ("B", next_b), f"the schedule ends before it (it must run B {L}..1)")
-    base = store_all_time(prof)
-    rs = max(0.0, time_s - base)
-    return Simulation(
-        valid=True,
-        error=None,
-        error_index=None,
-        time_s=time_s,
-        peak_bytes=peak,
-        total_peak_bytes=prof.fixed_bytes + peak,
-        recompute_s=rs,
-        overhead=rs / base if base > 0 else 0.0,
-        timeline=timeline,
-        forward_counts=fwd[1:],
-        checkpoints=checkpoints,
-        converted=converted,
-    )
+    return result()
