@@ -97,9 +97,12 @@ class Client:
         budget_bytes: int | None = None,
         strategy: str | None = None,
         options: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> dict:
-        """POST /v1/plans: the Plan as JSON."""
+        """POST /v1/plans: the Plan as JSON. `extra`: further body fields (memory_bytes, n_gpus,
+        zero_stage, checkpoint_dtype, tolerance); None values are left out."""
         body: dict[str, Any] = {"profile": profile, "budget_bytes": budget_bytes, "options": options or {}}
+        body.update({k: v for k, v in (extra or {}).items() if v is not None})
         if strategy is not None:
             body["strategy"] = strategy
         return self._json("POST", "/v1/plans", json=body)

@@ -57,6 +57,8 @@ def plan(
     zero_stage: int = 0,
     precision: str | None = None,
     memory_bytes: int | None = None,
+    checkpoint_dtype: str = "compute",
+    tolerance: float | None = None,
     **options: Any,
 ) -> Plan:
     """A checkpoint plan for `profile` (a Profile, dict or JSON text) whose activation peak
@@ -70,6 +72,10 @@ def plan(
     by a `precision` policy: the profile's fixed bytes become the per-GPU bytes of
     `planner.sharding.shard_profile`, so `predicted.total_peak_bytes` is what each GPU holds.
     `memory_bytes` (per GPU) instead of `budget_bytes`: the budget is that minus the fixed bytes.
+
+    `checkpoint_dtype` (compute, auto, or a dtype) and `tolerance` choose how kept activations are
+    stored (planner/checkpoint_dtype.py): a strategy that takes them (optimal) chooses within its
+    search; the others' schedules get the storage applied afterwards.
     """
     from planner._build import check_budget
 
@@ -98,7 +104,15 @@ def plan(
                 f"{key}: strategy {strategy!r} takes no such option"
                 + (f"; it takes {', '.join(accepted)}" if accepted else "; it takes none")
             )
+    from planner.checkpoint_dtype import apply_storage, parse_checkpoint_dtype
+
+    stored = parse_checkpoint_dtype(checkpoint_dtype) != "compute"
+    if stored and "checkpoint_dtype" in accepted:  # the strategy chooses storage in its search
+        options.update(checkpoint_dtype=checkpoint_dtype, tolerance=tolerance)
+        stored = False
     out = fn(prof, check_budget(budget_bytes), **options)
+    if stored:
+        out = apply_storage(out, prof, checkpoint_dtype=checkpoint_dtype, tolerance=tolerance)
     if sharded:
         shard = prof.meta["sharding"]
         out = out.model_copy(update={"options": {**out.options, "n_gpus": n_gpus,

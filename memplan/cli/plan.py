@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from memplan.cli._app import app, console, echo_json, read_json, user_errors
+from memplan.cli._remote import ServerOption, remote
 
 
 def _load_profile(path: Path):
@@ -16,22 +17,25 @@ def _load_profile(path: Path):
     return load_profile(read_json(path, what="profile"))
 
 
-def _budget(budget: str | None, memory: str | None, fixed_bytes: int) -> int | None:
+# planner.plan's fields -> this command's options, for error messages
+_OPTION = {
+    "budget_bytes": "--budget", "memory_bytes": "--memory", "n_gpus": "--gpus",
+    "zero_stage": "--zero-stage", "max_overhead": "--max-overhead", "k": "--k",
+    "checkpoint_dtype": "--checkpoint-dtype", "tolerance": "--tolerance",
+}
+
+
+def _sizes(budget: str | None, memory: str | None) -> dict:
+    """planner.plan's budget_bytes or memory_bytes from --budget or --memory (one at most)."""
     from memplan.units import parse_bytes
 
     if budget is not None and memory is not None:
         raise ValueError("--budget and --memory: give one (activation budget or device memory)")
     if budget is not None:
-        return parse_bytes(budget, field="--budget")
+        return {"budget_bytes": parse_bytes(budget, field="--budget")}
     if memory is not None:
-        total = parse_bytes(memory, field="--memory")
-        if total < fixed_bytes:
-            raise ValueError(
-                f"--memory: {total} bytes is less than the profile's fixed_bytes ({fixed_bytes}); "
-                "parameters, gradients and optimizer state alone do not fit"
-            )
-        return total - fixed_bytes
-    return None
+        return {"memory_bytes": parse_bytes(memory, field="--memory")}
+    return {}
 
 
 @app.command("plan")
@@ -65,26 +69,36 @@ def plan_cmd(
         typer.Option(help="largest relative gradient error lossy storage may add (default: the "
                      "policy's own, 0 for fp32)"),
     ] = None,
+    gpus: Annotated[int, typer.Option(help="data-parallel GPUs (model states sharded by --zero-stage)")] = 1,
+    zero_stage: Annotated[int, typer.Option(help="ZeRO stage 0-3: which model states are sharded")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="print the Plan as JSON")] = False,
+    server: ServerOption = None,
 ) -> None:
     """Plan checkpoints for PROFILE within a memory budget."""
     import planner
-    from planner.checkpoint_dtype import apply_storage, parse_checkpoint_dtype
 
     prof = _load_profile(profile)
     if precision is not None:
         _check_precision(prof, precision)
-    mode = parse_checkpoint_dtype(checkpoint_dtype)
     options = {"k": k} if k is not None else {}
     if max_overhead is not None:
         options["max_overhead"] = max_overhead
-    if mode != "compute" and strategy == "optimal":
-        options.update(checkpoint_dtype=checkpoint_dtype, tolerance=tolerance)
-    plan = planner.plan(
-        prof, budget_bytes=_budget(budget, memory, prof.fixed_bytes), strategy=strategy, **options
-    )
-    if mode != "compute" and strategy != "optimal":
-        plan = apply_storage(plan, prof, checkpoint_dtype=checkpoint_dtype, tolerance=tolerance)
+    sizes = _sizes(budget, memory)
+    if server:
+        if gpus != 1 or zero_stage != 0:
+            sizes.update(n_gpus=gpus, zero_stage=zero_stage)
+        body = remote(server).plan(prof.model_dump(mode="json"), strategy=strategy, options=options,
+                                   extra={**sizes, "checkpoint_dtype": checkpoint_dtype,
+                                          "tolerance": tolerance})
+        plan = planner.Plan.model_validate(body)
+    else:
+        try:
+            plan = planner.plan(prof, strategy=strategy, n_gpus=gpus, zero_stage=zero_stage,
+                                checkpoint_dtype=checkpoint_dtype, tolerance=tolerance,
+                                **sizes, **options)
+        except planner.PlanError as err:  # name this command's option, not the library's field
+            field, _, rest = str(err).partition(":")
+            raise ValueError(f"{_OPTION.get(field, field)}:{rest}") from None
     if json_out:
         echo_json(plan)
     else:

@@ -64,6 +64,12 @@ class PlanRequest(BaseModel):
         default=None, ge=0,
         description="largest relative gradient error lossy storage may add; null: the policy's own",
     )
+    memory_bytes: int | None = Field(
+        default=None, ge=0,
+        description="memory per GPU instead of budget_bytes: the budget is this minus the fixed bytes",
+    )
+    n_gpus: int = Field(default=1, ge=1, le=1_000_000, description="data-parallel GPUs")
+    zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage sharding model states")
 
 
 class FrontierRequest(BaseModel):
@@ -149,19 +155,12 @@ def _plan_json(body: PlanRequest) -> bytes:
     kwargs: dict[str, Any] = dict(body.options)
     if body.strategy is not None:
         kwargs["strategy"] = body.strategy
-    stored = body.checkpoint_dtype != "compute"
-    if stored and kwargs.get("strategy", "optimal") == "optimal":
-        kwargs.update(checkpoint_dtype=body.checkpoint_dtype, tolerance=body.tolerance)
-        stored = False
     try:
         plan = call_library(
-            planner.plan, body.profile, budget_bytes=body.budget_bytes, value_errors=False, **kwargs
+            planner.plan, body.profile, budget_bytes=body.budget_bytes, value_errors=False,
+            memory_bytes=body.memory_bytes, n_gpus=body.n_gpus, zero_stage=body.zero_stage,
+            checkpoint_dtype=body.checkpoint_dtype, tolerance=body.tolerance, **kwargs
         )
-        if stored:
-            from planner.checkpoint_dtype import apply_storage
-
-            plan = apply_storage(plan, body.profile, checkpoint_dtype=body.checkpoint_dtype,
-                                 tolerance=body.tolerance)
     except ProblemError:
         raise
     except (PlanError, ProfileError) as err:

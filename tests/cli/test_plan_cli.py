@@ -50,7 +50,7 @@ def test_memory_option_subtracts_fixed_bytes(tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["budget_bytes"] == 31
     res = runner.invoke(app, ["plan", str(path), "--memory", "50"])
-    assert res.exit_code == 2 and "less than the profile's fixed_bytes" in res.stderr
+    assert res.exit_code == 2 and "--memory: 50 bytes per GPU is less than the fixed bytes" in res.stderr
 
 
 @pytest.mark.parametrize(
