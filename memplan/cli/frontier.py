@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from memplan.cli._app import app, console, echo_json, read_json, user_errors
+from memplan.cli._remote import ServerOption, remote
 
 
 @app.command("frontier")
@@ -19,6 +20,7 @@ def frontier_cmd(
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="write the frontier as a PNG here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the Frontier as JSON")] = False,
+    server: ServerOption = None,
 ) -> None:
     """The Pareto set of (peak, time) from the store-all peak down to the least feasible budget."""
     import planner
@@ -28,11 +30,20 @@ def frontier_cmd(
     prof = load_profile(read_json(profile, what="profile"))
     if points is not None and points < 2:
         raise ValueError(f"--points: expected an integer >= 2, got {points}")
-    result = planner.frontier(prof, points=points)
-    if plot is not None:
-        if plot.suffix.lower() != ".png":
-            raise ValueError(f"--plot: {str(plot)!r} should end in .png")
-        plot_frontier(result, plot)
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise ValueError(f"--plot: {str(plot)!r} should end in .png")
+    if server:
+        from planner.frontier import Frontier
+
+        client = remote(server)
+        options = {"points": points} if points is not None else {}
+        result = Frontier.model_validate(client.frontier(prof.model_dump(mode="json"), options=options))
+        if plot is not None:
+            plot.write_bytes(client.frontier(prof.model_dump(mode="json"), png=True, options=options))
+    else:
+        result = planner.frontier(prof, points=points)
+        if plot is not None:
+            plot_frontier(result, plot)
     if json_out:
         echo_json(result)
         return
