@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -88,6 +96,16 @@ class Profile(BaseModel):
                 )
             seen.add(layer.name)
         return layers
+
+    @model_validator(mode="after")
+    def _totals_finite(self) -> Profile:
+        # each time is finite, but their sum can still overflow to infinity (e.g. 1e308 twice)
+        total = sum(layer.forward_s + layer.backward_s for layer in self.layers)
+        if not math.isfinite(total):
+            raise ValueError(
+                "layers: forward_s and backward_s add up to infinity; give times in seconds"
+            )
+        return self
 
     @property
     def n_stages(self) -> int:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from planner.schema import Plan, PlanError, parse_schedule
-from profiler.schema import SCHEMA_VERSION, Profile, ProfileError, load_profile
+from profiler.schema import SCHEMA_VERSION, ProfileError, load_profile
 from tests.planner.chains import worked_example
 
 
@@ -103,3 +103,11 @@ def test_plan_json_encodes_ops_as_arrays():
     assert plan.ops() == [("R", 1), ("loss",), ("B", 1)]
     with pytest.raises(ValueError):
         Plan.model_validate({**data, "extra": 1})
+
+
+def test_times_that_add_up_to_infinity_are_refused():
+    data = _dict()
+    for layer in data["layers"]:
+        layer["forward_s"] = 1e308
+    with pytest.raises(ProfileError, match="layers: .*add up to infinity"):
+        load_profile(data)
