@@ -15,10 +15,13 @@ setup() {
         "$PYTHON" -m venv "$VENV"
     fi
     if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
-        "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-        # the CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build
-        "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
-        "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev,features,ray]"
+        echo "memplan: installing into $VENV (first run only; log in $VENV/install.log)" >&2
+        {
+            "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip &&
+            # the CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build
+            "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0" &&
+            "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev,features,ray]"
+        } >"$VENV/install.log" 2>&1 || { cat "$VENV/install.log" >&2; echo "memplan: install failed" >&2; exit 1; }
         touch "$STAMP"
     fi
 }

@@ -12,6 +12,9 @@ import logging
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from memplan.cli import quiet_torch_native_warnings
+
+    quiet_torch_native_warnings()
     import torch
 
     import planner
@@ -24,7 +27,7 @@ def main() -> None:
     # one thread: on a small shared CPU, intra-op threads waiting on each other make timings erratic
     torch.set_num_threads(1)
     spec = RunSpec(model="gpt", n_layer=6, n_embd=64, n_head=4, block_size=32, vocab_size=256,
-                   batch_size=4, dropout=0.1, strategy="optimal" if "optimal" in planner.STRATEGIES else "sqrt",
+                   batch_size=4, dropout=0.1, strategy="optimal",
                    repeats=2)
     stages, x = build_gpt(GPTConfig(n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head,
                                     block_size=spec.block_size, vocab_size=spec.vocab_size,

@@ -6,6 +6,8 @@ inside each command, so that `memplan --help` is instant.
 
 from __future__ import annotations
 
+import os
+
 from memplan.cli import frontier as _frontier  # noqa: F401  (registers frontier)
 from memplan.cli import plan as _plan  # noqa: F401  (registers plan, simulate)
 from memplan.cli import profile as _profile  # noqa: F401  (registers profile)
@@ -18,6 +20,13 @@ from memplan.cli._app import app
 __all__ = ["app", "main"]
 
 
+def quiet_torch_native_warnings() -> None:
+    """Before torch loads: keep PyTorch's C++ warnings (e.g. the profiler's note on blocks
+    allocated before it started, which memory accounting provokes by design) out of the output."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
 def main() -> None:
     """Entry point of the `memplan` console script."""
+    quiet_torch_native_warnings()
     app()
