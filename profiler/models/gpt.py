@@ -211,6 +211,9 @@ class _LossGradProbe(torch.autograd.Function):
 _FLASH_PROBE: dict[tuple, str | None] = {}
 
 
+_FLASH_WARNED: set[str] = set()  # fallback reasons already logged
+
+
 def _flash_unavailable(q: torch.Tensor, dropout_p: float) -> str | None:
     """None when SDPA's flash backend runs these shapes/dtype/device; else the reason it does not."""
     key = (q.device.type, q.dtype, dropout_p > 0, q.shape[-1], q.requires_grad)
@@ -227,7 +230,7 @@ def _flash_unavailable(q: torch.Tensor, dropout_p: float) -> str | None:
                 F.scaled_dot_product_attention(small, small, small, dropout_p=dropout_p, is_causal=True)
         except RuntimeError as err:
             texts = [str(w.message).split(" (Triggered")[0] for w in caught]
-            reason = "; ".join(t for t in texts if t) or str(err).splitlines()[0]
+            reason = "; ".join(t for t in texts if t).replace(":;", ":") or str(err).splitlines()[0]
     _FLASH_PROBE[key] = reason
     return reason
 
@@ -258,7 +261,8 @@ class CausalSelfAttention(nn.Module):
             if reason is None:
                 backend, self.backend = SDPBackend.FLASH_ATTENTION, "flash"
             else:
-                if self.fallback_reason != reason:
+                if reason not in _FLASH_WARNED:  # once per process and reason, not per block
+                    _FLASH_WARNED.add(reason)
                     log.warning("flash attention unavailable (%s); using the math path", reason)
                 self.backend, self.fallback_reason = "math", reason
         with sdpa_kernel(backend):
