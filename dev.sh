@@ -2,7 +2,7 @@
 # memplan's one entry point for people and CI. Sets up .venv (once), then:
 #   ./dev.sh demo   profile, plan, run and compare a built-in model on the CPU (the main job)
 #   ./dev.sh test   the test suite
-#   ./dev.sh bench  the benchmarks (tables of ratios; see docs/benchmarks.md)
+#   ./dev.sh bench [NAME [ARGS]]  the benchmarks, or benchmarks/bench_NAME.py alone (docs/benchmarks.md)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -40,10 +40,15 @@ case "$cmd" in
         ;;
     bench)
         setup
-        for b in benchmarks/bench_*.py; do "$VENV/bin/python" "$b" "$@"; done
+        if [ $# -gt 0 ] && [ -f "benchmarks/bench_$1.py" ]; then
+            name=$1
+            shift
+            exec "$VENV/bin/python" "benchmarks/bench_$name.py" "$@"
+        fi
+        for b in benchmarks/bench_*.py; do "$VENV/bin/python" "$b"; done
         ;;
     *)
-        echo "usage: ./dev.sh [demo|test|bench|setup]" >&2
+        echo "usage: ./dev.sh demo | test [PYTEST ARGS] | bench [NAME [ARGS]] | setup" >&2
         exit 2
         ;;
 esac
