@@ -34,12 +34,13 @@ from planner.schema import Plan, PlanError
 from planner.simulate import _replay, store_all_time
 from profiler.schema import Profile
 
-__all__ = ["plan_optimal", "solve_frontier", "EXACT_MAX_STAGES", "DEFAULT_GROUPS"]
+__all__ = ["plan_optimal", "solve_frontier", "EXACT_MAX_STAGES", "DEFAULT_GROUPS", "MODES"]
 
 log = logging.getLogger(__name__)
 
 EXACT_MAX_STAGES = 64  # above this, group stages (the exact DP takes seconds beyond ~60 stages)
 DEFAULT_GROUPS = 48  # macro stages in grouped mode (about a second of solving)
+MODES = ("auto", "exact", "slotted", "grouped")  # NOTE [ slotted mode and its bound ] for slotted
 
 
 def _groups(n_stages: int, groups: int) -> list[tuple[int, int]]:
@@ -104,6 +105,9 @@ def plan_optimal(
     groups: int = DEFAULT_GROUPS,
     checkpoint_dtype: str = "compute",
     tolerance: float | None = None,
+    mode: str = "auto",
+    slots: int = 500,
+    max_gap: float = 0.01,
 ) -> Plan:
     """The fastest persistent schedule whose peak (bytes above fixed memory) fits `budget_bytes`.
 
@@ -119,8 +123,21 @@ def plan_optimal(
     `checkpoint_dtype` other than `compute` (`auto`, `bf16`, `fp8`, ...) also chooses the storage
     dtype of the kept activations within the relative gradient error `tolerance`
     (planner/checkpoint_dtype.py): the fastest frontier schedule that fits the budget once stored.
+
+    `mode`: "auto" (exact up to `planner._optimal_slotted.EXACT_FAST_STAGES` stages; above it, with
+    a budget, "slotted": memory in `slots` slots, refined while the certified `optimality_gap`
+    exceeds `max_gap`, NOTE [ slotted mode and its bound ]), "exact", "slotted" or "grouped".
     """
     _check_options(max_overhead, exact_max_stages, groups)
+    from planner._optimal_slotted import check_mode, plan_slotted, use_slotted
+
+    check_mode(mode, slots, max_gap)
+    if use_slotted(profile.n_stages, mode, budget_bytes, max_overhead, checkpoint_dtype):
+        return plan_slotted(profile, budget_bytes, slots=slots, max_gap=max_gap)
+    if mode == "exact":
+        exact_max_stages = max(exact_max_stages, profile.n_stages)
+    elif mode == "grouped":
+        exact_max_stages = 1
     if checkpoint_dtype != "compute":
         from planner.checkpoint_dtype import parse_checkpoint_dtype
 

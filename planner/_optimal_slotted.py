@@ -1,0 +1,349 @@
+"""The slotted persistent DP behind `planner.optimal`'s "slotted" mode, with a certified bound.
+
+NOTE [ slotted mode and its bound ]
+The exact frontier DP (planner/_optimal_dp.py) is ~L^3 x (frontier size) in Python: seconds at 60
+stages. Rotor's way (Beaumont et al. 2019) is to count memory in S slots of u = budget / S bytes
+and tabulate C(s, t, m), the least time of sub-chain s..t within m slots, for every m = 0..S, with
+numpy over the memory axis and over the split point. The recurrence and its ops are exactly those
+of the exact DP (record, late record, split; NOTE [ the recurrence ] there); only sizes change.
+
+Every peak of the recurrence is a max of sums of sizes (x, s, tf, tb), each with a non-negative
+coefficient. Rounding every size UP to slots (ceil(v S / B)) makes each such sum at least its
+bytes / u, so a schedule whose rounded peak is at most S fits B bytes: the UP run's schedule is
+feasible (and we replay it with planner.simulate anyway: the replay is the prediction). Rounding
+every size DOWN (floor(v S / B)) makes each sum at most bytes / u, and an integer, so every
+schedule of the recurrence that fits B bytes fits S down-rounded slots: the DOWN run is a
+relaxation and its time is a lower bound on the exact DP's optimum at B. The plan reports
+`optimality_gap = (time - lower) / lower`; more slots shrink it (the refinement loop doubles S
+until the gap is within a tolerance or a time cap is spent).
+
+The bound is on the recurrence's optimum (the persistent schedules the exact DP searches), which is
+what "exact" means everywhere in this planner; docs/planner.md says what the recurrence misses.
+"""
+
+from __future__ import annotations
+
+import logging
+import time as _time
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner._optimal_dp import LATE, RECORD, Costs
+
+__all__ = ["SlotResult", "Refined", "slot_sizes", "solve_slotted", "slotted_ops", "refine", "gap_of"]
+
+log = logging.getLogger(__name__)
+
+INF = np.inf
+NONE = -2  # choice code: nothing fits
+
+
+@dataclass(frozen=True)
+class SlotCosts:
+    """Sizes of `Costs` in slots (ints); times in seconds, unchanged."""
+
+    X: list[int]
+    S: list[int]
+    TFf: list[int]
+    TFr: list[int]
+    TFl: list[int]
+    TB: list[int]
+    f: list[float]
+    b: list[float]
+
+
+def slot_sizes(c: Costs, budget_bytes: int, slots: int, *, up: bool) -> SlotCosts:
+    """`c`'s sizes in slots of budget_bytes / slots bytes, rounded up (`up`) or down."""
+    if budget_bytes <= 0:
+        raise ValueError("slot_sizes: budget_bytes must be positive")
+
+    def r(vals):
+        if up:
+            return [-((-v * slots) // budget_bytes) for v in vals]
+        return [(v * slots) // budget_bytes for v in vals]
+
+    return SlotCosts(X=r(c.x), S=r(c.s), TFf=r(c.tf_f), TFr=r(c.tf_r), TFl=r(c.tf_l), TB=r(c.tb),
+                     f=c.f, b=c.b)
+
+
+@dataclass
+class SlotResult:
+    """A solved table: `top[m]` the whole chain's least time within m slots (s; inf: none fits);
+    `choice[s, t, m]` the choice codes (None for a bound-only run)."""
+
+    sc: SlotCosts
+    slots: int
+    top: np.ndarray  # [slots + 1]
+    choice: np.ndarray | None  # [L + 2, L + 1, slots + 1] int16
+
+
+def solve_slotted(sc: SlotCosts, slots: int, *, choices: bool = True) -> SlotResult:
+    """Tabulate C(s, t, m) for m = 0..slots (NOTE [ slotted mode and its bound ]). Returns a
+    `SlotResult`; with `choices=False` no choice table is kept (the lower-bound run)."""
+    X, Ss, TFf, TFr, TFl, TB, f, b = sc.X, sc.S, sc.TFf, sc.TFr, sc.TFl, sc.TB, sc.f, sc.b
+    L = len(X) - 1
+    W = slots + 1
+    C = np.full((L + 2, L + 1, W), INF)  # C[s, t, m]; s <= t used
+    CH = np.full((L + 2, L + 1, W), NONE, dtype=np.int16) if choices else None
+    cols = np.arange(W)
+    Fc = np.concatenate(([0.0], np.cumsum(f[1:])))  # Fc[k] = f_1 + ... + f_k
+    # g[k]: bytes of `F k` in a split's forward run beyond xs + D (a_{k-1} freed after F k, except
+    # the sub-chain's own input a_{s-1}, counted in xs)
+    g_in = [0] + [X[k - 1] + X[k] + TFf[k] for k in range(1, L + 1)]
+    g_first = [0] + [X[k] + TFf[k] for k in range(1, L + 1)]
+    # G[s][j]: max over k = s..s+j of g (the split's forward run up to F k); HI[s][t]: the peak of
+    # recording every stage of s..t (from which on splits cannot be faster)
+    G = [np.empty(0)] + [np.maximum.accumulate(np.array([g_first[st]] + g_in[st + 1:L], dtype=np.int64))
+                         for st in range(1, L + 1)]
+    HI = [[0] * (L + 1) for _ in range(L + 2)]
+    for t in range(1, L + 1):
+        D = X[t] if t < L else 0
+        for st in range(t, 0, -1):
+            xs = X[st - 1]
+            base = max(xs + D + X[st] + Ss[st] + TFr[st], 2 * xs + Ss[st] + X[st] + TB[st])
+            if st == t:
+                HI[st][t] = max(base, xs + Ss[st] + 2 * X[st]) if t == L else base
+            else:
+                HI[st][t] = max(base, HI[st + 1][t] + xs + Ss[st])
+    cand = np.empty(W)
+    for d in range(L):
+        for st in range(1, L - d + 1):
+            t = st + d
+            D = X[t] if t < L else 0
+            xs = X[st - 1]
+            fb = f[st] + b[st]
+            r_peak = xs + D + X[st] + Ss[st] + TFr[st]
+            b_peak = 2 * xs + Ss[st] + X[st] + TB[st]
+            row = C[st, t]
+            chrow = CH[st, t] if choices else None
+            if d == 0:
+                pk = max(r_peak, b_peak, xs + Ss[st] + 2 * X[st] if t == L else r_peak)
+                if pk < W:
+                    row[max(pk, 0):] = fb
+                    if choices:
+                        chrow[max(pk, 0):] = RECORD
+                continue
+            child = C[st + 1, t]
+            # record s: fb + child(m - xs - s_s) for m >= max(r_peak, b_peak)
+            lo = max(r_peak, b_peak, 0)
+            sh = xs + Ss[st]
+            if lo < W:
+                cand.fill(INF)
+                a = max(lo, sh)
+                if a < W:
+                    cand[a:] = child[a - sh:W - sh] + fb
+                np.minimum(row, cand, out=row) if not choices else _take(row, chrow, cand, RECORD)
+            # late record: fb + f_s + child(m - xs) for m >= floor
+            before = X[st] + Ss[st + 1] + X[st + 1]
+            lo = max(xs + D + X[st] + TFf[st], xs + before + Ss[st] + TFl[st],
+                     xs + Ss[st] + before + X[st] + TB[st + 1], b_peak, 0)
+            if lo < W:
+                cand.fill(INF)
+                a = max(lo, xs)
+                if a < W:
+                    cand[a:] = child[a - xs:W - xs] + (fb + f[st])
+                np.minimum(row, cand, out=row) if not choices else _take(row, chrow, cand, LATE)
+            # split at s' = st + j (j = 1..d): F st..s'-1, then s'..t above a_{st-1}, then st..s'-1
+            if xs >= W:
+                continue
+            fwd = (xs + D) + G[st][:d]  # [d], nondecreasing
+            # columns worth computing: m >= the first forward's peak, and m below the all-record
+            # peak HI (there recording everything is already the least time, f + b of each stage)
+            m0 = max(xs, int(fwd[0]))
+            m1 = min(W, HI[st][t])
+            if m0 >= m1:
+                continue
+            n = m1 - m0
+            tot = C[st + 1:t + 1, t, m0 - xs:m1 - xs] + C[st, st:t, m0:m1]  # [d, n]
+            tot += (Fc[st:t] - Fc[st - 1])[:, None]  # the forwards F st..s'-1
+            if fwd[-1] > m0:
+                tot[cols[None, m0:m1] < fwd[:, None]] = INF
+            if choices:
+                j = tot.argmin(axis=0)
+                best = tot[j, cols[:n]]
+                sub = row[m0:m1]
+                better = best < sub
+                sub[better] = best[better]
+                chrow[m0:m1][better] = (j + (st + 1))[better]
+            else:
+                np.minimum(row[m0:m1], tot.min(axis=0), out=row[m0:m1])
+    return SlotResult(sc=sc, slots=slots, top=C[1, L].copy(), choice=CH)
+
+
+def _take(row, chrow, cand, code) -> None:
+    better = cand < row
+    row[better] = cand[better]
+    chrow[better] = code
+
+
+def slotted_ops(res: SlotResult) -> list[tuple]:
+    """Compute ops (F, R, loss, B; no drops) of the UP run's fastest schedule within all slots,
+    as `planner._optimal_dp.schedule_ops` builds them. Raises ValueError when nothing fits."""
+    sc, CH = res.sc, res.choice
+    assert CH is not None, "slotted_ops needs a run with choices"
+    L = len(sc.X) - 1
+    out: list[tuple] = []
+    stack: list[tuple[int, int, int]] = [(1, L, res.slots)]
+    while stack:
+        st, t, m = stack.pop()
+        if st == 0:
+            out.append(("B", t))
+            continue
+        if st < 0:
+            out.insert(len(out) - 1, ("R", t))
+            continue
+        ch = int(CH[st, t, m]) if m >= 0 else NONE
+        if ch == NONE:
+            raise ValueError(f"sub-chain {st}..{t} does not fit {m} slots")
+        xs = sc.X[st - 1]
+        if ch == LATE:
+            out.append(("F", st))
+            stack.append((0, st, 0))
+            stack.append((-1, st, 0))
+            stack.append((st + 1, t, m - xs))
+        elif ch == RECORD:
+            out.append(("R", st))
+            stack.append((0, st, 0))
+            if st < t:
+                stack.append((st + 1, t, m - xs - sc.S[st]))
+            elif t == L:
+                out.append(("loss",))
+        else:
+            out.extend(("F", i) for i in range(st, ch))
+            stack.append((st, ch - 1, m))
+            stack.append((ch, t, m - xs))
+    return out
+
+
+@dataclass
+class Refined:
+    """Outcome of `refine`: the UP run's ops (None: the UP run found nothing within the budget),
+    the lower bound (s; inf: certified infeasible for the recurrence), the slots used, seconds."""
+
+    ops: list[tuple] | None
+    upper_s: float  # the UP run's DP time (inf if none); the replay is the prediction
+    lower_s: float
+    slots: int
+    solve_s: float
+
+
+def refine(c: Costs, budget_bytes: int, *, slots: int, tolerance: float, time_cap_s: float) -> Refined:
+    """Solve UP and DOWN at `slots`; while the relative gap exceeds `tolerance`, double the slots
+    (at most 16x) if the next pair of runs is expected (linear in slots) to end within
+    `time_cap_s` of the start.
+    Returns the best (smallest-gap) outcome."""
+    t0 = _time.perf_counter()
+    S = slots
+    ops, upper, lower, used = None, INF, 0.0, S
+    while True:
+        t1 = _time.perf_counter()
+        down = solve_slotted(slot_sizes(c, budget_bytes, S, up=False), S, choices=False)
+        lo = float(down.top[S])
+        if lo == INF:  # the relaxation fits nothing: nothing fits (certified)
+            return Refined(None, INF, INF, S, _time.perf_counter() - t0)
+        lower = max(lower, lo)  # every run's bound is valid: keep the highest
+        up = solve_slotted(slot_sizes(c, budget_bytes, S, up=True), S, choices=True)
+        hi = float(up.top[S])
+        if hi < upper:  # and the fastest schedule
+            ops, upper, used = slotted_ops(up), hi, S
+        step = _time.perf_counter() - t1
+        spent = _time.perf_counter() - t0
+        gap = gap_of(upper, lower)
+        log.info("slotted: %d slots, gap %.4g, %.2f s", S, gap, step)
+        # stop at the tolerance, at the time cap, at 16x the slots asked for, or once a slot is
+        # one byte (nothing is rounded any more)
+        if (gap <= tolerance or spent + 2.2 * step > time_cap_s or S >= 16 * slots
+                or S >= budget_bytes):
+            return Refined(ops, upper, lower, used, spent)
+        S = min(2 * S, budget_bytes)
+
+
+def gap_of(upper_s: float, lower_s: float) -> float:
+    """(upper - lower) / lower, at least 0 (float noise); inf when nothing is known."""
+    if upper_s == INF:
+        return INF
+    if lower_s <= 0:
+        return 0.0 if upper_s <= 0 else INF
+    return max(0.0, (upper_s - lower_s) / lower_s)
+
+
+# NOTE [ when slotted mode runs ] measured on the shared 2-core machine (docs/planner.md): exact is
+# faster than a pair of slotted runs up to about 30 stages and 10x slower at 60; the slotted table
+# is (L + 2)(L + 1)(slots + 1) floats, 160 MB at 200 stages and 500 slots, so above
+# SLOTTED_MAX_STAGES "auto" keeps the grouped mode (which is also what answers max_overhead and
+# no-budget questions above exact_max_stages, where a single budget is not given).
+EXACT_FAST_STAGES = 30
+SLOTTED_MAX_STAGES = 250
+TIME_CAP_S = 4.0  # refinement stops before a doubling would pass this many seconds
+
+
+def check_mode(mode, slots, max_gap) -> None:
+    """Validate the mode options (PlanError naming the field)."""
+    from planner.optimal import MODES
+    from planner.schema import PlanError
+
+    if mode not in MODES:
+        raise PlanError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 8 <= slots <= 100_000:
+        raise PlanError(f"slots: expected an integer from 8 to 100000 (500 is rotor's), got {slots!r}")
+    if isinstance(max_gap, bool) or not isinstance(max_gap, (int, float)) or not (
+        max_gap == max_gap and 0 <= max_gap < float("inf")
+    ):
+        raise PlanError(f"max_gap: expected a finite fraction >= 0 (0.01 for 1%), got {max_gap!r}")
+
+
+def use_slotted(n_stages, mode, budget_bytes, max_overhead, checkpoint_dtype) -> bool:
+    """Whether `plan_optimal` runs the slotted mode (it needs a budget: slots are its fractions)."""
+    from planner.schema import PlanError
+
+    if mode == "slotted":
+        if budget_bytes is None or max_overhead is not None:
+            raise PlanError("mode: 'slotted' needs budget_bytes and no max_overhead (the slots are "
+                            "fractions of the budget); use mode='auto' for the other questions")
+        if checkpoint_dtype != "compute":
+            raise PlanError("mode: 'slotted' plans compute-dtype checkpoints only; use mode='auto' "
+                            "with checkpoint_dtype")
+        return True
+    return (mode == "auto" and budget_bytes is not None and max_overhead is None
+            and checkpoint_dtype == "compute"
+            and EXACT_FAST_STAGES < n_stages <= SLOTTED_MAX_STAGES)
+
+
+def plan_slotted(profile, budget_bytes: int, *, slots: int = 500, max_gap: float = 0.01):
+    """The slotted mode's Plan: the UP run's schedule, replayed (its time and peak), with
+    `options` mode/slots/lower_bound_s/optimality_gap (NOTE [ slotted mode and its bound ])."""
+    from planner._build import finish_plan, infeasible_plan, insert_drops
+    from planner._optimal_dp import costs_of, least_peak, schedule_ops, solve
+    from planner.simulate import _replay
+
+    c = costs_of(profile)
+    L = profile.n_stages
+    r = (refine(c, budget_bytes, slots=slots, tolerance=max_gap, time_cap_s=TIME_CAP_S)
+         if budget_bytes > 0 else Refined(None, INF, INF, slots, 0.0))
+    if r.ops is None:
+        least = least_peak(c)
+        if least > budget_bytes:  # the relaxation agrees (or was skipped): nothing fits
+            plan = infeasible_plan(profile, strategy="optimal", budget_bytes=budget_bytes,
+                                   least_bytes=least, options={"mode": "slotted", "slots": r.slots})
+            return plan.model_copy(update={"message": plan.message.replace(
+                " or try strategy 'optimal'", "")})
+        # rounding up lost a budget close to the least peak: the exact DP capped at the budget
+        # keeps only points below it, so it is fast there
+        ops = insert_drops(schedule_ops(solve(c, cap=budget_bytes), budget_bytes), L)
+        return finish_plan(profile, ops, strategy="optimal", budget_bytes=budget_bytes,
+                           options={"mode": "exact"},
+                           message="exact persistent optimum (the budget is too close to the "
+                                   "least peak for slots)")
+    ops = insert_drops(r.ops, L)
+    sim = _replay(profile, ops)
+    if not sim.valid or sim.peak_bytes > budget_bytes:  # NOTE [ slotted mode ]: cannot happen
+        raise AssertionError(f"slotted schedule breaks the budget: {sim.error or sim.peak_bytes}")
+    gap = gap_of(sim.time_s, r.lower_s)
+    options = {"mode": "slotted", "slots": r.slots, "lower_bound_s": r.lower_s,
+               "optimality_gap": gap}
+    msg = (f"slotted persistent optimum ({r.slots} slots): "
+           f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards; within "
+           f"{gap:.3%} of the exact optimum (certified lower bound {r.lower_s:.6g} s)")
+    return finish_plan(profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
+                       options=options, message=msg)
