@@ -5,21 +5,24 @@ NOTE [ What PyTorch saves in a GPT block ]
 The per-stage `saved_bytes` below are not a rule of thumb: they list, tensor by tensor, what
 autograd keeps in PyTorch 2.x for the modules of `profiler.models.gpt`, and the tests check them
 byte for byte against `profile_chain` on the CPU. With B batch, T sequence, C width, H heads,
-e the element size of the compute dtype (4 fp32, 2 bf16), per block (dropout 0):
+e the element size of the compute dtype (4 fp32, 2 bf16), D = H x head_dim the attention's inner
+width and F the feed-forward's hidden width (D = C and F = 4C for GPT-2; smaller once heads or
+channels are pruned, executor.features.prune), per block (dropout 0):
 
     LayerNorm x2        input of ln_2 (the residual stream after attention)    e BTC
                         normalised outputs (inputs of c_attn and c_fc)        2 e BTC
                         mean and rstd, 2 per LayerNorm                        4 s BT
-    attention, flash    q, k, v: the c_attn output (one storage)              3 e BTC
-                        the output (which is also c_proj's input)               e BTC
+    attention, flash    q, k, v: the c_attn output (one storage)              3 e BTD
+                        the output (which is also c_proj's input)               e BTD
                         logsumexp, fp32                                        4 BHT
-    attention, math     q (scaled), k^T, v as fresh copies                    3 m BTC
+    attention, math     q (scaled), k^T, v as fresh copies                    3 m BTD
                         softmax probabilities                                   m BHT^2
-                        c_proj's input (the transposed output made contiguous)  e BTC
-    MLP                 c_fc output (GELU's input), GELU output (c_proj input) 8 e BTC
+                        c_proj's input (the transposed output made contiguous)  e BTD
+    MLP                 c_fc output (GELU's input), GELU output (c_proj input) 2 e BTF
 
 where s (the LayerNorm statistics) is e on the CPU and 4 on a GPU, and m (the math path's
-precision) is 4 on the CPU for 16-bit inputs (PyTorch upcasts there) and e otherwise. Dense flash:
+precision) is 4 on the CPU for 16-bit inputs (PyTorch upcasts there) and e otherwise. Dense flash
+(D = C, F = 4C):
     s_block = 15 e BTC + 4 s BT + 4 BHT,
 against Korthikanti et al. 2022 ("Reducing activation recomputation in large transformer
 models", eq. 2), per layer s b h (34 + 5 a s / h) bytes for 16-bit Megatron: 34 = 2 x 17 hidden
@@ -43,7 +46,7 @@ assignments, E experts, cap slots each), replacing the MLP's 8 e BTC:
             top-k indices 8 N k, (k > 1: gates 4 N k and their sum 4 N)
     dispatch: slot and token indices 16 A, keep mask A, the gathered tokens e A C (k > 1 only:
             with k = 1 they are the LayerNorm output), the expert buffer e (E cap + 1) C
-    experts: bmm outputs, GELU's input and output, 8 e E cap C
+    experts: bmm outputs, GELU's input and output, 2 e E cap F (F = 4C unless ffn_hidden is set)
     combine: gathered expert outputs e A C, gate weights e A, weighted outputs e A C
 
 Times come from FLOPs at a stated throughput (`flops_per_s`): forward_s = flops / rate and
@@ -71,7 +74,7 @@ __all__ = [
 _ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
 _GPT_DEFAULTS: dict[str, Any] = dict(
     n_layer=12, n_embd=768, n_head=12, block_size=1024, vocab_size=50304, batch_size=8,
-    dropout=0.0, bias=True, attention="flash", tie_weights=False, dtype="float32",
+    head_dim=0, ffn_hidden=0, dropout=0.0, bias=True, attention="flash", tie_weights=False, dtype="float32",
     moe_experts=0, moe_top_k=1, moe_capacity_factor=1.25, moe_aux_loss_coef=0.01,
     moe_z_loss_coef=1e-3, exit_layers=(), exit_threshold=0.9, exit_loss_coef=0.3, seed=0,
 )
@@ -95,6 +98,19 @@ def _config(cfg: Any, defaults: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _widths(c: dict[str, Any]) -> tuple[int, int, int]:
+    """(head_dim, D, F): one head's width, the attention's inner width n_head * head_dim and the
+    feed-forward's hidden width; 0 in the config means GPT-2's n_embd // n_head and 4 n_embd."""
+    C, H = c["n_embd"], c["n_head"]
+    for name in ("head_dim", "ffn_hidden"):
+        if not isinstance(c[name], int) or c[name] < 0:
+            raise ProfileError(f"{name}: must be a positive integer, or 0 for the GPT-2 default, got {c[name]!r}")
+    if not c["head_dim"] and C % H:
+        raise ProfileError(f"n_head: n_embd ({C}) must be divisible by n_head ({H}), or set head_dim")
+    hd = c["head_dim"] or C // H
+    return hd, H * hd, c["ffn_hidden"] or 4 * C
+
+
 def _device_kind(device: str) -> str:
     kind = device.split(":")[0]
     if kind not in ("cpu", "cuda"):
@@ -109,18 +125,19 @@ def gpt_block_saved_bytes(cfg: Any, *, device: str = "cpu") -> int:
     kind = _device_kind(device)
     _check_exactness(c)
     B, T, C, H = c["batch_size"], c["block_size"], c["n_embd"], c["n_head"]
+    _, D, F = _widths(c)
     e = _ELEMENT[c["dtype"]]
     s = e if kind == "cpu" else 4
     m = 4 if (kind == "cpu" and e == 2) else e
     N = B * T
     saved = e * N * C + 2 * e * N * C + 4 * s * N  # ln_2 input, ln outputs, statistics
     if c["attention"] == "flash":
-        saved += 3 * e * N * C + e * N * C + 4 * B * H * T  # qkv, output, logsumexp
+        saved += 3 * e * N * D + e * N * D + 4 * B * H * T  # qkv, output, logsumexp
     else:
-        saved += 3 * m * N * C + m * B * H * T * T + e * N * C  # q, k^T, v, probs, c_proj input
+        saved += 3 * m * N * D + m * B * H * T * T + e * N * D  # q, k^T, v, probs, c_proj input
     E = c["moe_experts"]
     if not E:
-        return saved + 8 * e * N * C
+        return saved + 2 * e * N * F  # c_fc output, GELU output
     k = c["moe_top_k"]
     A = N * k
     cap = moe_capacity(N, k, E, c["moe_capacity_factor"])
@@ -129,7 +146,7 @@ def gpt_block_saved_bytes(cfg: Any, *, device: str = "cpu") -> int:
         saved += 4 * N * k + 4 * N  # gates and their sum (renormalisation)
         saved += e * A * C  # the gathered tokens
     saved += 16 * A + A + e * (E * cap + 1) * C  # slot and token indices, keep mask, buffer
-    saved += 8 * e * E * cap * C  # expert hidden states
+    saved += 2 * e * E * cap * F  # expert hidden states
     saved += e * A * C + e * A + e * A * C  # gathered outputs, weights, weighted outputs
     return saved
 
@@ -155,11 +172,12 @@ def korthikanti_block_bytes(cfg: Any) -> int:
 
 def _gpt_params(c: dict[str, Any]) -> dict[str, int]:
     C, V, T = c["n_embd"], c["vocab_size"], c["block_size"]
+    _, D, F = _widths(c)
     bias = 1 if c["bias"] else 0
     ln = C + bias * C
-    attn = 3 * C * C + bias * 3 * C + C * C + bias * C
+    attn = 3 * C * D + bias * 3 * D + D * C + bias * C  # c_attn C -> 3D, c_proj D -> C
     E = c["moe_experts"]
-    ffn = (E * C + 8 * E * C * C) if E else (8 * C * C + bias * 5 * C)
+    ffn = (E * C + 2 * E * C * F) if E else (2 * C * F + bias * (F + C))  # C -> F -> C
     # LayerNorms and attention Linears: a weight each, plus a bias; MoE: router, w_fc, w_proj
     block_tensors = 4 * (1 + bias) + (3 if E else 2 * (1 + bias))
     return {
@@ -194,8 +212,7 @@ def gpt_analytic_profile(
     if c["dtype"] not in _ELEMENT:
         raise ProfileError(f"dtype: choose one of {', '.join(_ELEMENT)}, not {c['dtype']!r}")
     B, T, C, H, V, L = (c[k] for k in ("batch_size", "block_size", "n_embd", "n_head", "vocab_size", "n_layer"))
-    if C % H:
-        raise ProfileError(f"n_head: n_embd ({C}) must be divisible by n_head ({H})")
+    _, D, F = _widths(c)
     e = _ELEMENT[c["dtype"]]
     s = e if kind == "cpu" else 4
     N = B * T
@@ -203,12 +220,12 @@ def gpt_analytic_profile(
     params = _gpt_params(c)
     E, k = c["moe_experts"], c["moe_top_k"]
 
-    block_flops = 2 * N * 4 * C * C + 2 * 2 * N * T * C  # projections + causal attention in full
+    block_flops = 2 * N * 4 * C * D + 2 * 2 * N * T * D  # projections + causal attention in full
     if E:
         cap = moe_capacity(N, k, E, c["moe_capacity_factor"])
-        block_flops += 2 * N * C * E + 2 * 2 * E * cap * C * 4 * C
+        block_flops += 2 * N * C * E + 2 * 2 * E * cap * C * F
     else:
-        block_flops += 2 * N * 8 * C * C
+        block_flops += 2 * N * 2 * C * F
     head_flops = 2 * N * C * V
 
     def stage(name: str, kind_: str, flops: float, out: int, saved: int, tf: int, tb: int, pbytes: int):

@@ -24,7 +24,7 @@ def check_features(features: Sequence[str]) -> list[str]:
             raise ValueError(f"--features: unknown {f!r}; choose from {', '.join(FEATURES)}")
         out.append(f)
     if "prune" in out and "moe" in out:
-        raise ValueError("--features: prune removes dense MLP channels; it does not apply with moe")
+        raise ValueError("--features: prune removes dense MLP channels (and heads); it does not apply with moe")
     return out
 
 
@@ -43,9 +43,9 @@ def apply_features(stages, features: Sequence[str]) -> tuple[list[str], dict]:
     notes: list[str] = []
     extras: dict = {}
     if "prune" in features:
-        from executor.features.prune import prune_ffn
+        from executor.features.prune import prune_model
 
-        note, metrics = prune_ffn(stages)
+        note, metrics = prune_model(stages)  # 25% of the heads (floor) and of the FFN channels
         notes.append(note)
         extras["prune"] = metrics
     if "qat" in features:

@@ -76,7 +76,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class GPTConfig:
     n_layer: int = 12  # transformer blocks (GPT-2 small: 12)
     n_embd: int = 768  # width C of the residual stream
-    n_head: int = 12  # attention heads; n_embd must divide by it
+    n_head: int = 12  # attention heads; n_embd must divide by it unless head_dim is set
+    head_dim: int = 0  # width of one head; 0: n_embd // n_head (GPT-2). Pruned heads keep it
+    ffn_hidden: int = 0  # feed-forward hidden width (MLP and each expert); 0: 4 * n_embd (GPT-2)
     block_size: int = 1024  # sequence length T of the example batch
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
     batch_size: int = 8  # B of the example batch
@@ -106,8 +108,19 @@ class GPTConfig:
         return _DTYPES[self.dtype]
 
     @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+    def attn_head_dim(self) -> int:
+        """The width of one head: `head_dim`, or n_embd // n_head when it is 0."""
+        return self.head_dim or self.n_embd // self.n_head
+
+    @property
+    def attn_inner(self) -> int:
+        """The attention's inner width n_head * head_dim (c_attn's third, c_proj's input)."""
+        return self.n_head * self.attn_head_dim
+
+    @property
+    def ffn_width(self) -> int:
+        """The feed-forward hidden width: `ffn_hidden`, or 4 * n_embd when it is 0."""
+        return self.ffn_hidden or 4 * self.n_embd
 
 
 # GPT-2 sizes (Radford et al. 2019; nanoGPT's from_pretrained table)
@@ -124,9 +137,14 @@ def _validate(cfg: GPTConfig) -> None:
         value = getattr(cfg, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-    if cfg.n_embd % cfg.n_head:
+    for name in ("head_dim", "ffn_hidden"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: must be a positive integer, or 0 for the GPT-2 default, got {value!r}")
+    if not cfg.head_dim and cfg.n_embd % cfg.n_head:
         raise ValueError(
-            f"n_head: n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})"
+            f"n_head: n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head}), "
+            "or set head_dim"
         )
     if not 0.0 <= cfg.dropout < 1.0:
         raise ValueError(f"dropout: must be in [0, 1), got {cfg.dropout}")
@@ -238,10 +256,13 @@ def _flash_unavailable(q: torch.Tensor, dropout_p: float) -> str | None:
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        D = cfg.attn_inner  # n_head * head_dim (n_embd unless head_dim is set or heads pruned)
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * D, bias=cfg.bias)  # C -> q, k, v: 3 x D
+        self.c_proj = nn.Linear(D, cfg.n_embd, bias=cfg.bias)  # D -> C
         self.resid_dropout = nn.Dropout(cfg.dropout)
-        self.n_head, self.n_embd, self.dropout = cfg.n_head, cfg.n_embd, cfg.dropout
+        # heads and their width: the view/reshape below read these (pruning updates n_head)
+        self.n_head, self.head_dim = cfg.n_head, cfg.attn_head_dim
+        self.n_embd, self.dropout = cfg.n_embd, cfg.dropout
         self.requested = cfg.attention
         self.backend = cfg.attention  # what the last forward used
         self.fallback_reason: str | None = None
@@ -250,10 +271,12 @@ class CausalSelfAttention(nn.Module):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        H, hs = self.n_head, self.head_dim
+        D = H * hs
+        q, k, v = self.c_attn(x).split(D, dim=2)  # 3 x (B, T, D)
+        q = q.view(B, T, H, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, H, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, H, hs).transpose(1, 2)  # (B, nh, T, hs)
         p = self.dropout if self.training else 0.0
         backend = SDPBackend.MATH
         if self.requested == "flash":
@@ -267,16 +290,16 @@ class CausalSelfAttention(nn.Module):
                 self.backend, self.fallback_reason = "math", reason
         with sdpa_kernel(backend):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        y = y.transpose(1, 2).contiguous().view(B, T, D)  # (B, T, D)
+        return self.resid_dropout(self.c_proj(y))  # (B, T, C)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.c_fc = nn.Linear(cfg.n_embd, cfg.ffn_width, bias=cfg.bias)  # C -> F (4C unless set)
         self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.ffn_width, cfg.n_embd, bias=cfg.bias)  # F -> C
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -292,13 +315,13 @@ class MoE(nn.Module):
 
     def __init__(self, cfg: GPTConfig, key: str):
         super().__init__()
-        E, C = cfg.moe_experts, cfg.n_embd
+        E, C, F_ = cfg.moe_experts, cfg.n_embd, cfg.ffn_width
         self.key, self.E, self.k = key, E, cfg.moe_top_k
         self.capacity = moe_capacity(cfg)
         self.aux_coef, self.z_coef = cfg.moe_aux_loss_coef, cfg.moe_z_loss_coef
         self.router = nn.Linear(C, E, bias=False)
-        self.w_fc = nn.Parameter(torch.randn(E, C, 4 * C) * 0.02)  # (E, C, 4C)
-        self.w_proj = nn.Parameter(torch.randn(E, 4 * C, C) * 0.02)  # (E, 4C, C)
+        self.w_fc = nn.Parameter(torch.randn(E, C, F_) * 0.02)  # (E, C, F), F = 4C by default
+        self.w_proj = nn.Parameter(torch.randn(E, F_, C) * 0.02)  # (E, F, C)
         self.gelu = nn.GELU()
         self.register_buffer("expert_counts", torch.zeros(E, dtype=torch.long))  # tokens kept, per expert
         self.register_buffer("dropped_count", torch.zeros((), dtype=torch.long))  # assignments dropped
@@ -323,7 +346,7 @@ class MoE(nn.Module):
         src = xf if k == 1 else xf.index_select(0, token)  # (A, C)
         buf = xf.new_zeros(E * cap + 1, C).index_add(0, slot, src)  # (E*cap+1, C)
         h = buf[: E * cap].view(E, cap, C)  # (E, cap, C)
-        h = self.gelu(torch.bmm(h, self.w_fc))  # (E, cap, 4C)
+        h = self.gelu(torch.bmm(h, self.w_fc))  # (E, cap, F)
         y = torch.bmm(h, self.w_proj).view(E * cap, C)  # (E*cap, C)
         y = torch.cat([y, y.new_zeros(1, C)])  # (E*cap+1, C)
         weight = (gates.t().reshape(-1) * keep).to(x.dtype)  # (A,)
@@ -543,9 +566,12 @@ def gpt_report(stages: list[nn.Module]) -> dict:
 
 def _block_forward_flops_per_sample(T: int, C: int, block: Block) -> float:
     """2 x multiply-adds of one block on one sequence (Kaplan et al. 2020, table 1 with the causal
-    attention counted in full)."""
+    attention counted in full), at the block's own widths: D = n_head * head_dim for the
+    attention, F hidden channels for the feed-forward (4C unless set or pruned)."""
+    D = block.attn.n_head * block.attn.head_dim
     if isinstance(block.mlp, MoE):
-        ffn = 2 * T * block.mlp.k * 8 * C * C
-    else:
-        ffn = 2 * T * 8 * C * C
-    return float(2 * T * 4 * C * C + 2 * 2 * T * T * C + ffn)
+        ffn = 2 * T * block.mlp.k * 2 * C * block.mlp.w_fc.shape[2]
+    else:  # c_fc may be wrapped (QAT): its Linear holds the width
+        fc = [m for m in block.mlp.c_fc.modules() if isinstance(m, nn.Linear)][-1]
+        ffn = 2 * T * 2 * C * fc.out_features
+    return float(2 * T * 4 * C * D + 2 * 2 * T * T * D + ffn)
