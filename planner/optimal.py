@@ -132,7 +132,12 @@ def plan_optimal(
     from planner._optimal_slotted import check_mode, plan_slotted, use_slotted
 
     check_mode(mode, slots, max_gap)
-    if use_slotted(profile.n_stages, mode, budget_bytes, max_overhead, checkpoint_dtype):
+    if exact_max_stages == EXACT_MAX_STAGES or mode != "auto" or profile.n_stages > exact_max_stages:
+        # (an explicit exact_max_stages >= L asks auto for exact)
+        use = use_slotted(profile.n_stages, mode, budget_bytes, max_overhead, checkpoint_dtype)
+    else:
+        use = False
+    if use:
         return plan_slotted(profile, budget_bytes, slots=slots, max_gap=max_gap)
     if mode == "exact":
         exact_max_stages = max(exact_max_stages, profile.n_stages)

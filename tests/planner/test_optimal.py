@@ -191,7 +191,7 @@ def test_grouped_mode_is_valid_and_never_beats_exact(prof, groups, frac):
 def test_grouped_mode_on_a_long_chain():
     L = 90
     prof = chain([2] * (L + 1), [1] * L, [2] * L, [6] * L, [1] * L, [1] * L)
-    plan = planner.plan(prof, budget_bytes=60)
+    plan = planner.plan(prof, budget_bytes=60, mode="grouped")  # auto is slotted here now
     assert plan.options["mode"] == "grouped" and plan.feasible
     _check_plan(prof, plan)
     assert plan.predicted.peak_bytes <= 60
