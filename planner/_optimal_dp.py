@@ -196,8 +196,19 @@ def _envelope(cand, cap):
 def schedule_ops(fr: Frontiers, budget: int) -> list[tuple]:
     """The compute ops (F, R, loss, B; no drops) of the fastest schedule within `budget` bytes.
     The caller adds drops with `planner._build.insert_drops`. Raises ValueError when none fits."""
+
+    def choose(st: int, t: int, m: int) -> int | None:
+        k = bisect_right(fr.peaks[st][t], m) - 1
+        return None if k < 0 else fr.choices[st][t][k]
+
     c = fr.costs
-    L = c.L
+    return build_ops(c.L, c.x, c.s, budget, choose, unit="bytes")
+
+
+def build_ops(L: int, x, s, budget: int, choose, *, unit: str) -> list[tuple]:
+    """Compute ops from a solved recurrence: `choose(st, t, m)` gives sub-chain st..t's choice
+    within m units (RECORD, LATE, a split point, or None when nothing fits); x and s are the
+    sizes in those units, indexed as in `Costs`."""
     out: list[tuple] = []
     stack: list[tuple[int, int, int]] = [(1, L, budget)]
     # an explicit stack (the recursion is L deep); each entry solves sub-chain (s, t) within m.
@@ -210,12 +221,10 @@ def schedule_ops(fr: Frontiers, budget: int) -> list[tuple]:
         if st < 0:  # a marker: `R t` goes before the last op emitted (the child's `B t+1`)
             out.insert(len(out) - 1, ("R", t))
             continue
-        peaks = fr.peaks[st][t]
-        k = bisect_right(peaks, m) - 1
-        if k < 0:
-            raise ValueError(f"sub-chain {st}..{t} does not fit {m} bytes")
-        ch = fr.choices[st][t][k]
-        xs = c.x[st - 1]
+        ch = choose(st, t, m) if m >= 0 else None
+        if ch is None:
+            raise ValueError(f"sub-chain {st}..{t} does not fit {m} {unit}")
+        xs = x[st - 1]
         if ch == LATE:
             out.append(("F", st))
             stack.append((0, st, 0))
@@ -225,7 +234,7 @@ def schedule_ops(fr: Frontiers, budget: int) -> list[tuple]:
             out.append(("R", st))
             stack.append((0, st, 0))
             if st < t:
-                stack.append((st + 1, t, m - xs - c.s[st]))
+                stack.append((st + 1, t, m - xs - s[st]))
             elif t == L:
                 out.append(("loss",))
         else:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner._optimal_dp import LATE, RECORD, Costs
+from planner._optimal_dp import LATE, RECORD, Costs, build_ops
 
 __all__ = ["SlotResult", "Refined", "slot_sizes", "solve_slotted", "slotted_ops", "refine", "gap_of"]
 
@@ -182,38 +182,12 @@ def slotted_ops(res: SlotResult) -> list[tuple]:
     as `planner._optimal_dp.schedule_ops` builds them. Raises ValueError when nothing fits."""
     sc, CH = res.sc, res.choice
     assert CH is not None, "slotted_ops needs a run with choices"
-    L = len(sc.X) - 1
-    out: list[tuple] = []
-    stack: list[tuple[int, int, int]] = [(1, L, res.slots)]
-    while stack:
-        st, t, m = stack.pop()
-        if st == 0:
-            out.append(("B", t))
-            continue
-        if st < 0:
-            out.insert(len(out) - 1, ("R", t))
-            continue
-        ch = int(CH[st, t, m]) if m >= 0 else NONE
-        if ch == NONE:
-            raise ValueError(f"sub-chain {st}..{t} does not fit {m} slots")
-        xs = sc.X[st - 1]
-        if ch == LATE:
-            out.append(("F", st))
-            stack.append((0, st, 0))
-            stack.append((-1, st, 0))
-            stack.append((st + 1, t, m - xs))
-        elif ch == RECORD:
-            out.append(("R", st))
-            stack.append((0, st, 0))
-            if st < t:
-                stack.append((st + 1, t, m - xs - sc.S[st]))
-            elif t == L:
-                out.append(("loss",))
-        else:
-            out.extend(("F", i) for i in range(st, ch))
-            stack.append((st, ch - 1, m))
-            stack.append((ch, t, m - xs))
-    return out
+
+    def choose(st: int, t: int, m: int) -> int | None:
+        ch = int(CH[st, t, m])
+        return None if ch == NONE else ch
+
+    return build_ops(len(sc.X) - 1, sc.X, sc.S, res.slots, choose, unit="slots")
 
 
 @dataclass
