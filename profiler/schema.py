@@ -113,9 +113,10 @@ class Profile(BaseModel):
         return len(self.layers)
 
     def fingerprint(self) -> str:
-        """A short hash of the stage names and output sizes: plans carry it so that a plan made for
-        one model is refused by another (timings are left out; they vary between runs)."""
-        key = [(layer.name, layer.output_bytes) for layer in self.layers]
+        """A short hash of the stage names, output and parameter sizes: plans carry it so that a plan
+        made for one model is refused by another, a pruned copy included (timings are left out;
+        they vary between runs)."""
+        key = [(layer.name, layer.output_bytes, layer.param_bytes) for layer in self.layers]
         digest = hashlib.sha256(json.dumps([self.input_bytes, key]).encode()).hexdigest()
         return digest[:16]
 

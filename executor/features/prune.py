@@ -19,8 +19,9 @@ its family: the model's `memplan_config` (stages[0]) is updated (n_head, head_di
 
 NOTE [ After pruning ]
 The saved bytes, parameters and FLOPs changed but the stages' output sizes did not (a block still
-maps (B, T, C) to (B, T, C)), so a plan's profile fingerprint does not catch a plan of the unpruned
-model: re-profile and re-plan after pruning (`executor.pipeline.run_builtin` does). The parameters
+maps (B, T, C) to (B, T, C)); the profile fingerprint includes each stage's parameter bytes, so
+`run_plan` refuses a plan of the unpruned model against the pruned model's profile: re-profile and
+re-plan after pruning (`executor.pipeline.run_builtin` does). The parameters
 are new `nn.Parameter` objects: an optimizer built before pruning holds the old tensors and would
 step nothing the model uses, so build the optimizer after pruning (`run_plan` builds its own from
 the stages' current parameters at every call).

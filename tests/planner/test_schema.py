@@ -75,6 +75,9 @@ def test_fingerprint_tracks_the_model_not_the_timings():
     c = a.model_copy(deep=True)
     c.layers[0].output_bytes += 1
     assert a.fingerprint() != c.fingerprint()
+    pruned = a.model_copy(deep=True)
+    pruned.layers[2].param_bytes += 4
+    assert a.fingerprint() != pruned.fingerprint()
 
 
 def test_schedule_ops_parse_and_refuse_malformed():
