@@ -76,10 +76,14 @@ def measure_peer(stages, x, segments, steps):
 
 
 def main(argv=None):
+    global WIDTH, BATCH
     ap = argparse.ArgumentParser()
     ap.add_argument("--depths", default="8,16,32,64,128")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--width", type=int, default=WIDTH, help="block width (more: less per-op overhead)")
+    ap.add_argument("--batch", type=int, default=BATCH)
     args = ap.parse_args(argv)
+    WIDTH, BATCH = args.width, args.batch
     torch.set_num_threads(1)
     rows = []
     for L in [int(v) for v in args.depths.split(",")]:
