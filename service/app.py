@@ -6,6 +6,7 @@ sizing from `planner.scaling`, profiles and runs from the profiler and executor 
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -42,6 +43,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             supervisor.start()
         app.state.supervisor = supervisor
         log.info("memplan service: store %s, worker %s", settings.db_path, "on" if supervisor else "off")
+        # the start-up objects (FastAPI, pydantic schemas, numpy, ...) live for the whole process:
+        # move them out of the collector's reach, so that full collections stay short under load
+        gc.freeze()
         try:
             yield
         finally:
