@@ -5,8 +5,14 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("MEMPLAN_TESTING", "1")
+
+# Property tests draw the same examples on every run (CI included): a failure is reproducible and
+# a statistical bound (tests/planner/test_optimal.py) is checked on a fixed sample, never flaky.
+settings.register_profile("memplan", derandomize=True, database=None, print_blob=True)
+settings.load_profile("memplan")
 
 
 def pytest_collection_modifyitems(config, items):

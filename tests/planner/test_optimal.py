@@ -90,9 +90,17 @@ def test_revolve_binomial_optimum_100_stages():
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_chains(max_stages=5))
 def test_frontier_equals_the_memoised_recursion(prof):
+    # The DP is never slower than the plain recursion; on rare chains (2 budgets in about 10,000
+    # on random chains of up to 5 stages) it is faster, through a choice the plain recursion
+    # lacks: there its plan must replay, valid and within the budget, to the DP's time.
     peaks, times = solve(costs_of(prof)).top()
     for budget in range(peaks[0] - 2, peaks[-1] + 2):
-        assert _best(list(zip(peaks, times, strict=True)), budget) == memo_time(prof, budget)
+        dp, memo = _best(list(zip(peaks, times, strict=True)), budget), memo_time(prof, budget)
+        assert dp <= memo
+        if dp < memo:
+            plan = plan_optimal(prof, budget, mode="exact")
+            sim = simulate(prof, plan.schedule)
+            assert sim.valid and sim.peak_bytes <= budget and sim.time_s == dp
 
 
 # NOTE [ exhaustive search ] Each chain's whole Pareto set is compared (every budget), against a
