@@ -143,7 +143,7 @@ async def run_events(
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
-    after: Annotated[int | None, Query(ge=0, description="resume after this event id")] = None,
+    after: Annotated[int | None, Query(ge=0, le=2**63 - 1, description="resume after this event id")] = None,
     last_event_id: Annotated[
         str | None, Header(pattern=r"^\s*[0-9]{1,18}\s*$", description="resume after this event id")
     ] = None,
