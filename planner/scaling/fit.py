@@ -199,17 +199,19 @@ def _refine(x0: np.ndarray, d: _Data, w: np.ndarray | None, spec: _Spec, *, tigh
 # --- variable projection --------------------------------------------------------------------------
 
 
-def _varpro_cells(d: _Data, w: np.ndarray | None, spec: _Spec, alphas: np.ndarray,
-                  betas: np.ndarray, *, irls: int = 4) -> tuple[np.ndarray, np.ndarray]:
-    """For each (alpha, beta) cell: (E, A, B) by Huber-IRLS on relative residuals, and the exact
-    objective there. Returns (cells [K, 5] as (a, b, e, alpha, beta), objectives [K])."""
+def _design(d: _Data, spec: _Spec, alphas: np.ndarray, betas: np.ndarray):
+    """The linear problem of variable projection for each (alpha, beta) cell of the grid
+    alphas x betas (alphas alone when alpha = beta): with X = N^-alpha and Y = D^-beta, the
+    relative residual of L = E + A X + B Y is Z c - target, c = (E, A, B) (or (A, B) for a fixed E).
+    Returns (al [K], be [K], X [K, n], Y [K, n], Z [K, n, p], column scales [K, p], target [n],
+    fixed E or None)."""
     if spec.tied:
         al = be = alphas
     else:
         al, be = (g.ravel() for g in np.meshgrid(alphas, betas, indexing="ij"))
-    K, n = al.size, d.L.size
     X = np.exp(-al[:, None] * d.lN[None, :])  # [K, n] N^-alpha
     Y = np.exp(-be[:, None] * d.lD[None, :])  # [K, n] D^-beta
+    K, n = X.shape
     invL = 1.0 / d.L
     fixed_E = None if spec.log_e is None else math.exp(spec.log_e)
     cols = [X * invL, Y * invL]
@@ -218,8 +220,17 @@ def _varpro_cells(d: _Data, w: np.ndarray | None, spec: _Spec, alphas: np.ndarra
         target = np.ones(n)
     else:
         target = 1.0 - fixed_E * invL
-    Z = np.stack(cols, axis=2)  # [K, n, p]: residual = Z c - target
+    Z = np.stack(cols, axis=2)  # [K, n, p]
     scale = np.sqrt((Z * Z).mean(axis=1)) + 1e-300  # [K, p] column scales, for conditioning
+    return al, be, X, Y, Z, scale, target, fixed_E
+
+
+def _varpro_cells(d: _Data, w: np.ndarray | None, spec: _Spec, alphas: np.ndarray,
+                  betas: np.ndarray, *, irls: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """For each (alpha, beta) cell: (E, A, B) by Huber-IRLS on relative residuals, and the exact
+    objective there. Returns (cells [K, 5] as (a, b, e, alpha, beta), objectives [K])."""
+    al, be, X, Y, Z, scale, target, fixed_E = _design(d, spec, alphas, betas)
+    K, n = X.shape
     Zs = Z / scale[:, None, :]
     ZsT = Zs.transpose(0, 2, 1)  # [K, p, n]
     base_w = np.ones(n) if w is None else w
@@ -443,23 +454,9 @@ def _coarse_starts(d: _Data, W: np.ndarray, spec: _Spec, grid: np.ndarray = _COA
                    irls: int = 2) -> np.ndarray:
     """The best variable-projection cell of a coarse (alpha, beta) grid for each row of weights
     `W` [b, n], batched over rows with matrix products. Returns free vectors [b, n_free]."""
-    if spec.tied:
-        al = be = grid
-    else:
-        al, be = (g.ravel() for g in np.meshgrid(grid, grid, indexing="ij"))
-    X = np.exp(-al[:, None] * d.lN[None, :])  # [K, n]
-    Y = np.exp(-be[:, None] * d.lD[None, :])
-    invL = 1.0 / d.L
+    al, be, X, Y, raw, sc, target, fixed_E = _design(d, spec, grid, grid)
     K, n = X.shape
-    fixed_E = None if spec.log_e is None else math.exp(spec.log_e)
-    cols = [X * invL, Y * invL]
-    if fixed_E is None:
-        cols.insert(0, np.broadcast_to(invL, (K, n)))
-        target = np.ones(n)
-    else:
-        target = 1.0 - fixed_E * invL
-    Z = np.stack(cols, axis=2)  # [K, n, p]
-    Z = Z / (np.sqrt((Z * Z).mean(axis=1)) + 1e-300)[:, None, :]
+    Z = raw / sc[:, None, :]  # [K, n, p], columns scaled for conditioning
     p = Z.shape[2]
     ZZ = (Z[:, :, :, None] * Z[:, :, None, :]).reshape(K, n, p * p)  # [K, n, p*p]
     Zt = Z * target[None, :, None]  # [K, n, p]
@@ -471,8 +468,6 @@ def _coarse_starts(d: _Data, W: np.ndarray, spec: _Spec, grid: np.ndarray = _COA
         r = Z @ coef.transpose(0, 2, 1) - target[None, :, None]  # [K, n, b]
         hw = W[None] * np.minimum(1.0, HUBER_DELTA / np.maximum(np.abs(r), 1e-300)).transpose(0, 2, 1)
     # undo the column scaling to get (E, A, B), then score each cell exactly in log space
-    raw = np.stack(cols, axis=2)
-    sc = np.sqrt((raw * raw).mean(axis=1)) + 1e-300  # [K, p]
     coef = np.maximum(coef / sc[:, None, :], 1e-12)  # [K, b, p]
     if fixed_E is None:
         E, A, B = coef[..., 0], coef[..., 1], coef[..., 2]
