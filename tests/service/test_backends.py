@@ -134,8 +134,13 @@ SWEEP = {
     "device": "cpu",
 }
 DETERMINISTIC = ("feasible", "n_stages", "fixed_bytes_per_gpu", "predicted_peak_bytes",
-                 "predicted_total_bytes", "checkpoints", "ran", "run_status", "measured_peak_bytes",
+                 "predicted_total_bytes", "checkpoints", "ran", "run_status",
                  "measured_fixed_bytes", "grad_max_abs_diff", "grad_max_rel_diff")
+# NOTE [ measured peak across processes ] The same cell measured in a fresh Ray worker and in this
+# long-lived test process has differed by one 4-byte scalar (in either direction, 2 runs in ~10):
+# which process history allocates it inside the window is not yet pinned down. Within one process
+# the peak repeats exactly (tests/profiler, tests/executor); across processes it is held to 16 B.
+PEAK_JITTER_BYTES = 16
 
 
 def test_sweep_on_ray_equals_the_local_backend(rc):
@@ -151,6 +156,7 @@ def test_sweep_on_ray_equals_the_local_backend(rc):
     for got, want in zip(remote["cells"], local.model_dump(mode="json")["cells"], strict=True):
         for key in DETERMINISTIC:
             assert got[key] == want[key], (got["index"], key)
+        assert abs(got["measured_peak_bytes"] - want["measured_peak_bytes"]) <= PEAK_JITTER_BYTES
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
     assert remote["pareto"] == local.model_dump()["pareto"]
     png = rc.get(done["plot_url"])
