@@ -30,7 +30,9 @@ def test_sweep_measured_on_the_local_worker(client):
     ok, tight = rep["cells"]
     # measured profile, store-all: the run allocates exactly the replay's peak
     assert ok["ran"] and ok["run_status"] == "ok" and ok["grad_max_rel_diff"] == 0.0
-    assert ok["measured_peak_bytes"] == ok["predicted_peak_bytes"]
+    # within one 4-byte scalar's jitter across processes: NOTE [ measured peak across processes ]
+    # in tests/service/test_backends.py
+    assert abs(ok["measured_peak_bytes"] - ok["predicted_peak_bytes"]) <= 16
     assert ok["measured_fixed_bytes"] == ok["fixed_bytes_per_gpu"]
     # a 1-byte budget: infeasible is a result, not a failure; it is not run
     assert tight["state"] == "succeeded" and tight["feasible"] is False and not tight["ran"]
