@@ -222,6 +222,9 @@ def _rank_main(rank: int, spec_d: dict, plan_d: dict, port: int, out_dir: str) -
         )
         (Path(out_dir) / f"rank{rank}.json").write_text(rep.model_dump_json())
         torch.save([p.detach().clone() for p in params], Path(out_dir) / f"params{rank}.pt")
+        # leave together: rank 0 hosts the TCP store, and tearing it down while the other rank is
+        # still talking to it can abort that rank ("terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
