@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_optimal import gpt_chain, slot_chain  # noqa: E402
+from benchmarks.bench_optimal import gpt_chain, slot_chain, timed  # noqa: E402
 from planner._optimal_dp import costs_of, least_peak  # noqa: E402
 from planner.optimal import plan_optimal  # noqa: E402
 from tests.planner.oracle import memo_time  # noqa: E402
@@ -24,12 +23,6 @@ from tests.planner.oracle import memo_time  # noqa: E402
 
 def fmt(v, f):
     return "-" if v is None else format(v, f)
-
-
-def timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
 
 
 def main() -> None:
