@@ -85,6 +85,11 @@ class Frontiers:
         L = self.costs.L
         return self.peaks[1][L], self.times[1][L]
 
+    def choice(self, st: int, t: int, m: int) -> int | None:
+        """The choice of sub-chain st..t's fastest point within m bytes (None: nothing fits)."""
+        k = bisect_right(self.peaks[st][t], m) - 1
+        return None if k < 0 else self.choices[st][t][k]
+
 
 def _rel_eps(t: float) -> float:
     # times are sums of float seconds: treat differences below 1e-12 relative as ties, so that
@@ -193,16 +198,13 @@ def _envelope(cand, cap):
     return peaks, times, choices
 
 
-def schedule_ops(fr: Frontiers, budget: int) -> list[tuple]:
-    """The compute ops (F, R, loss, B; no drops) of the fastest schedule within `budget` bytes.
-    The caller adds drops with `planner._build.insert_drops`. Raises ValueError when none fits."""
-
-    def choose(st: int, t: int, m: int) -> int | None:
-        k = bisect_right(fr.peaks[st][t], m) - 1
-        return None if k < 0 else fr.choices[st][t][k]
-
+def schedule_ops(fr, budget: int) -> list[tuple]:
+    """The compute ops (F, R, loss, B; no drops) of the fastest schedule within `budget` bytes,
+    from `Frontiers` or the compiled kernel's `PoolFrontiers` (anything with `costs` and
+    `choice`). The caller adds drops with `planner._build.insert_drops`. Raises ValueError when
+    none fits."""
     c = fr.costs
-    return build_ops(c.L, c.x, c.s, budget, choose, unit="bytes")
+    return build_ops(c.L, c.x, c.s, budget, fr.choice, unit="bytes")
 
 
 def build_ops(L: int, x, s, budget: int, choose, *, unit: str) -> list[tuple]:

@@ -242,13 +242,10 @@ def gap_of(upper_s: float, lower_s: float) -> float:
     return max(0.0, (upper_s - lower_s) / lower_s)
 
 
-# NOTE [ when slotted mode runs ] measured on the shared 2-core machine (docs/planner.md): exact is
-# faster than a pair of slotted runs up to about 30 stages and 10x slower at 60; the slotted table
-# is (L + 2)(L + 1)(slots + 1) floats, 160 MB at 200 stages and 500 slots, so above
-# SLOTTED_MAX_STAGES "auto" keeps the grouped mode (which is also what answers max_overhead and
-# no-budget questions above exact_max_stages, where a single budget is not given).
-EXACT_FAST_STAGES = 30
-SLOTTED_MAX_STAGES = 250
+# NOTE [ when slotted mode runs ] only when asked (mode="slotted"): since the exact DP is compiled
+# (planner/_optimal_kernel.py) it is faster than a pair of slotted runs at every length "auto"
+# solves exactly (docs/planner.md), and exact needs no bound. Slotted stays for its certificate
+# (a lower bound, from the same tables) and as rotor's formulation, measured beside ours.
 TIME_CAP_S = 4.0  # refinement stops before a doubling would pass this many seconds
 
 
@@ -267,8 +264,9 @@ def check_mode(mode, slots, max_gap) -> None:
         raise PlanError(f"max_gap: expected a finite fraction >= 0 (0.01 for 1%), got {max_gap!r}")
 
 
-def use_slotted(n_stages, mode, budget_bytes, max_overhead, checkpoint_dtype) -> bool:
-    """Whether `plan_optimal` runs the slotted mode (it needs a budget: slots are its fractions)."""
+def use_slotted(mode, budget_bytes, max_overhead, checkpoint_dtype) -> bool:
+    """Whether `plan_optimal` runs the slotted mode: when asked (NOTE [ when slotted mode runs ]);
+    it needs a budget, since slots are its fractions."""
     from planner.schema import PlanError
 
     if mode == "slotted":
@@ -279,16 +277,16 @@ def use_slotted(n_stages, mode, budget_bytes, max_overhead, checkpoint_dtype) ->
             raise PlanError("mode: 'slotted' plans compute-dtype checkpoints only; use mode='auto' "
                             "with checkpoint_dtype")
         return True
-    return (mode == "auto" and budget_bytes is not None and max_overhead is None
-            and checkpoint_dtype == "compute"
-            and EXACT_FAST_STAGES < n_stages <= SLOTTED_MAX_STAGES)
+    return False
 
 
 def plan_slotted(profile, budget_bytes: int, *, slots: int = 500, max_gap: float = 0.01):
     """The slotted mode's Plan: the UP run's schedule, replayed (its time and peak), with
     `options` mode/slots/lower_bound_s/optimality_gap (NOTE [ slotted mode and its bound ])."""
     from planner._build import finish_plan, infeasible_plan, insert_drops
-    from planner._optimal_dp import costs_of, least_peak, schedule_ops, solve
+    from planner._optimal_dp import costs_of, schedule_ops
+    from planner._optimal_kernel import least_peak_compiled as least_peak
+    from planner._optimal_kernel import solve_compiled as solve
     from planner.simulate import _replay
 
     c = costs_of(profile)

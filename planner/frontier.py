@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner._build import one_level_ops
 from planner.optimal import (
     DEFAULT_GROUPS,
-    EXACT_MAX_STAGES,
     _check_options,
     _ops_for,
     solve_frontier,
@@ -124,7 +123,7 @@ def frontier(
     profile: Profile | dict | str,
     *,
     points: int | None = None,
-    exact_max_stages: int = EXACT_MAX_STAGES,
+    exact_max_stages: int | None = None,
     groups: int = DEFAULT_GROUPS,
 ) -> Frontier:
     """The Pareto set of (peak bytes, seconds) of the optimal planner for `profile`, from the

@@ -1,0 +1,488 @@
+"""The exact frontier DP of planner/_optimal_dp.py, compiled with numba (NOTE [ the compiled kernel ]).
+
+NOTE [ the compiled kernel ]
+`_optimal_dp.solve` is the reference: readable, pure Python, and the tests' second oracle. This is
+the same recurrence over the same exact integer peaks, compiled, with two changes that keep it exact
+and make it fast:
+
+- Frontiers live in one pool of arrays (`off[s, t]`, `cnt[s, t]` index it), not lists of lists.
+- A sub-chain's frontier is built by merging each choice's staircase into a running envelope in
+  linear time (no sort), and a split whose fastest possible time is no better than the envelope at
+  its least peak is skipped before its staircase is built: the envelope is non-increasing, so
+  nothing that split offers could survive. Splits whose forward alone exceeds the cap end the scan
+  (the forward peak only grows with the split point).
+
+Exact ties (same peak, same time) keep the earlier choice in the order LATE, RECORD, splits
+ascending, as the reference does; times that differ by under 1e-12 relative count as ties in both.
+Results equal the reference's (tests/planner/test_optimal_kernel.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from planner._optimal_dp import LATE, RECORD, Costs
+
+__all__ = ["available", "solve_compiled", "least_peak_compiled", "PoolFrontiers"]
+
+log = logging.getLogger(__name__)
+
+try:  # numba is a dependency; a broken install falls back to the reference (slow, still exact)
+    from numba import get_num_threads, njit, prange
+
+    _NUMBA = True
+except Exception as exc:  # pragma: no cover - exercised only where numba cannot load
+    log.warning("numba unavailable (%s): the optimal planner uses its pure-Python DP", exc)
+    _NUMBA = False
+
+    def njit(*args, **kwargs):  # noqa: D401 - a no-op decorator standing in for numba's
+        return (lambda fn: fn) if not (args and callable(args[0])) else args[0]
+
+    prange = range
+
+    def get_num_threads() -> int:
+        return 1
+
+
+_NO_CAP = np.int64(2**62)
+
+
+def available() -> bool:
+    """True when the compiled kernel can run (numba imports)."""
+    return _NUMBA
+
+
+@njit(cache=True)
+def _grow(a, need):
+    if need <= a.shape[0]:
+        return a
+    out = np.empty(max(need, 2 * a.shape[0]), a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+@njit(cache=True)
+def _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Op, Ot, Oc):
+    """Lower envelope of staircases E and S into O; returns its length. On exact ties E wins.
+    E's points below S's first peak, and its tail once S is spent and beaten, are block copies."""
+    if ns == 0:
+        Op[:ne] = Ep[:ne]
+        Ot[:ne] = Et[:ne]
+        Oc[:ne] = Ec[:ne]
+        return ne
+    i = 0
+    lo = 0
+    hi = ne
+    while lo < hi:  # i: E's points with a peak below S's first
+        mid = (lo + hi) // 2
+        if Ep[mid] < Sp[0]:
+            lo = mid + 1
+        else:
+            hi = mid
+    i = lo
+    Op[:i] = Ep[:i]
+    Ot[:i] = Et[:i]
+    Oc[:i] = Ec[:i]
+    k = i
+    ea = Et[i - 1] if i > 0 else np.inf
+    ec = Ec[i - 1] if i > 0 else 0
+    last = ea
+    j = 0
+    sa = np.inf
+    sc = 0
+    while i < ne or j < ns:
+        if j >= ns and i < ne and Et[i] < sa:
+            # S is spent and E beats its last value from here on: E's tail as it is
+            if Et[i] < last - abs(last) * 1e-12 or last == np.inf:
+                n = ne - i
+                Op[k:k + n] = Ep[i:ne]
+                Ot[k:k + n] = Et[i:ne]
+                Oc[k:k + n] = Ec[i:ne]
+                return k + n
+        if j >= ns or (i < ne and Ep[i] <= Sp[j]):
+            m = Ep[i]
+        else:
+            m = Sp[j]
+        while i < ne and Ep[i] == m:
+            ea = Et[i]
+            ec = Ec[i]
+            i += 1
+        while j < ns and Sp[j] == m:
+            sa = St[j]
+            sc = Sc[j]
+            j += 1
+        if sa < ea:
+            v = sa
+            c = sc
+        else:
+            v = ea
+            c = ec
+        if v < last - abs(last) * 1e-12 or (last == np.inf and v < np.inf):
+            Op[k] = m
+            Ot[k] = v
+            Oc[k] = c
+            k += 1
+            last = v
+    return k
+
+
+@njit(cache=True)
+def _push(Sp, St, Sc, n, p, tm, ch):
+    """Append (p, tm, ch) to a staircase being built in peak order; returns the new length."""
+    if n > 0 and Sp[n - 1] == p:
+        if tm < St[n - 1]:
+            St[n - 1] = tm
+            Sc[n - 1] = ch
+        return n
+    if n > 0 and tm >= St[n - 1]:
+        return n
+    Sp[n] = p
+    St[n] = tm
+    Sc[n] = ch
+    return n + 1
+
+
+@njit(cache=True)
+def _value_at(Ep, Et, ne, m):
+    """The envelope's time within m (inf when nothing fits): binary search."""
+    lo = 0
+    hi = ne
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if Ep[mid] <= m:
+            lo = mid + 1
+        else:
+            hi = mid
+    return Et[lo - 1] if lo > 0 else np.inf
+
+
+@njit(cache=True)
+def _first_at_most(Ep, Et, ne, tm):
+    """The least peak at which the envelope's time is at most tm, minus one (a large number when
+    it never is). The envelope's times decrease: binary search."""
+    lo = 0
+    hi = ne
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if Et[mid] <= tm:
+            hi = mid
+        else:
+            lo = mid + 1
+    return Ep[lo] - 1 if lo < ne else np.int64(2**62)
+
+
+@njit(cache=True)
+def _subchain(st, t, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, W):
+    """The frontier of sub-chain st..t into the work arrays W = (E, F, S) x (peaks, times,
+    choices), from the frontiers of shorter sub-chains in the pool (PP, PT, PC) at (off, cnt).
+    Returns (its length, W): the envelope is W[0..2], arrays that grew are new ones."""
+    Ep, Et, Ec, Fp, Ft, Fc, Sp, St, Sc = W
+    L = x.shape[0] - 1
+    D = x[t] if t < L else 0  # the gradient d_t, live throughout (t = L: made by the loss)
+    xs = x[st - 1]
+    ne = 0
+    r_peak = xs + D + x[st] + s[st] + tfr[st]
+    b_peak = xs + s[st] + x[st] + xs + tb[st]
+    fb = f[st] + b[st]
+    if st == t:
+        if t == L:
+            pk = max(max(r_peak, xs + s[st] + 2 * x[st]), b_peak)
+        else:
+            pk = max(r_peak, b_peak)
+        if pk <= cap:
+            Ep[0] = pk
+            Et[0] = fb
+            Ec[0] = RECORD
+            ne = 1
+    else:
+        o = off[st + 1, t]
+        nc = cnt[st + 1, t]
+        if nc + 1 > Sp.shape[0]:
+            Sp = _grow(Sp, nc + 1)
+            St = _grow(St, nc + 1)
+            Sc = _grow(Sc, nc + 1)
+        # the late record first (it wins exact ties, as in the reference)
+        before = x[st] + s[st + 1] + x[st + 1]
+        floor = max(max(xs + D + x[st] + tff[st], xs + before + s[st] + tfl[st]),
+                    max(xs + s[st] + before + x[st] + tb[st + 1], b_peak))
+        fb2 = fb + f[st]
+        ns = 0
+        for q in range(o, o + nc):
+            pk = max(floor, PP[q] + xs)
+            if pk > cap:
+                break
+            ns = _push(Sp, St, Sc, ns, pk, PT[q] + fb2, LATE)
+        if ns > Ep.shape[0]:
+            Ep = _grow(Ep, ns)
+            Et = _grow(Et, ns)
+            Ec = _grow(Ec, ns)
+        Ep[:ns] = Sp[:ns]
+        Et[:ns] = St[:ns]
+        Ec[:ns] = Sc[:ns]
+        ne = ns
+        # record s
+        floor = max(r_peak, b_peak)
+        sh = xs + s[st]
+        ns = 0
+        for q in range(o, o + nc):
+            pk = max(floor, PP[q] + sh)
+            if pk > cap:
+                break
+            ns = _push(Sp, St, Sc, ns, pk, PT[q] + fb, RECORD)
+        if ne + ns > Fp.shape[0]:
+            Fp = _grow(Fp, ne + ns)
+            Ft = _grow(Ft, ne + ns)
+            Fc = _grow(Fc, ne + ns)
+        ne = _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
+        Ep, Fp = Fp, Ep
+        Et, Ft = Ft, Et
+        Ec, Fc = Fc, Ec
+    # splits at s': F s..s'-1 keeping a_{s'-1}
+    fwd = 0
+    fsum = 0.0
+    for sp in range(st + 1, t + 1):
+        k = sp - 1
+        fwd = max(fwd, xs + D + (x[k - 1] if k > st else 0) + x[k] + tff[k])
+        fsum += f[k]
+        if fwd > cap:
+            break  # the forward's peak only grows with s'
+        nR = cnt[sp, t]
+        nL = cnt[st, sp - 1]
+        if nR == 0 or nL == 0:
+            continue
+        oR = off[sp, t]
+        oL = off[st, sp - 1]
+        m = max(max(PP[oR] + xs, PP[oL]), fwd)
+        if m > cap:
+            continue
+        fastest = fsum + PT[oR + nR - 1] + PT[oL + nL - 1]
+        if _value_at(Ep, Et, ne, m) <= fastest:
+            continue  # nothing this split offers beats the envelope
+        # the split can only help below the least peak at which the envelope is already as fast
+        # as the split's fastest time
+        stop_at = min(_first_at_most(Ep, Et, ne, fastest), cap)
+        if nR + nL > Sp.shape[0]:
+            Sp = _grow(Sp, nR + nL)
+            St = _grow(St, nR + nL)
+            Sc = _grow(Sc, nR + nL)
+        # i, j: the last points of R (shifted by xs) and L with a peak <= m
+        i = oR
+        while i + 1 < oR + nR and PP[i + 1] + xs <= m:
+            i += 1
+        j = oL
+        while j + 1 < oL + nL and PP[j + 1] <= m:
+            j += 1
+        ns = 0
+        while True:
+            ns = _push(Sp, St, Sc, ns, m, fsum + PT[i] + PT[j], sp)
+            has_r = i + 1 < oR + nR
+            has_l = j + 1 < oL + nL
+            if not has_r and not has_l:
+                break
+            nr = PP[i + 1] + xs if has_r else 0
+            nl = PP[j + 1] if has_l else 0
+            if not has_l or (has_r and nr <= nl):
+                m = nr
+                i += 1
+                if has_l and nl == nr:
+                    j += 1
+            else:
+                m = nl
+                j += 1
+            if m > stop_at:
+                break
+        if ne + ns > Fp.shape[0]:
+            Fp = _grow(Fp, ne + ns)
+            Ft = _grow(Ft, ne + ns)
+            Fc = _grow(Fc, ne + ns)
+        ne = _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
+        Ep, Fp = Fp, Ep
+        Et, Ft = Ft, Et
+        Ec, Fc = Fc, Ec
+    return ne, (Ep, Et, Ec, Fp, Ft, Fc, Sp, St, Sc)
+
+
+@njit(cache=True)
+def _work(n):
+    return (np.empty(n, np.int64), np.empty(n, np.float64), np.empty(n, np.int64),
+            np.empty(n, np.int64), np.empty(n, np.float64), np.empty(n, np.int64),
+            np.empty(n, np.int64), np.empty(n, np.float64), np.empty(n, np.int64))
+
+
+@njit(cache=True, parallel=True)
+def _one_length(d, width, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, n_workers):
+    """The sub-chains of length d + 1, `n_workers` at a time, into staging rows of `width`
+    points (-1 in the count: the row was too narrow)."""
+    n = x.shape[0] - 1 - d
+    gP = np.empty((n, width), np.int64)
+    gT = np.empty((n, width), np.float64)
+    gC = np.empty((n, width), np.int64)
+    gN = np.zeros(n, np.int64)
+    for w in prange(n_workers):
+        _stage(w, d, width, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, n_workers,
+               gP, gT, gC, gN)
+    return gP, gT, gC, gN
+
+
+@njit(cache=True)
+def _stage(w, d, width, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, n_workers,
+           gP, gT, gC, gN):
+    n = gN.shape[0]
+    W = _work(width)
+    for idx in range(w, n, n_workers):
+        st = idx + 1
+        ne, W = _subchain(st, st + d, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, W)
+        if ne <= width:
+            gP[idx, :ne] = W[0][:ne]
+            gT[idx, :ne] = W[1][:ne]
+            gC[idx, :ne] = W[2][:ne]
+            gN[idx] = ne
+        else:
+            gN[idx] = -1
+
+
+@njit(cache=True)
+def _solve(x, f, b, s, tff, tfr, tfl, tb, cap, n_workers, width):
+    """All sub-chains by length (each needs only shorter ones), those of one length in parallel:
+    each worker writes its frontiers to a staging row of width `width`; one that does not fit is
+    solved again after the parallel loop, alone, with room to grow."""
+    L = x.shape[0] - 1
+    off = np.zeros((L + 2, L + 1), np.int64)
+    cnt = np.zeros((L + 2, L + 1), np.int64)
+    PP = np.empty(1 << 16, np.int64)
+    PT = np.empty(1 << 16, np.float64)
+    PC = np.empty(1 << 16, np.int64)
+    used = 0
+    for d in range(L):
+        n = L - d  # sub-chains st..st+d, st = 1..n
+        gP, gT, gC, gN = _one_length(d, width, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt,
+                                     PP, PT, PC, n_workers)
+        total = 0
+        for idx in range(n):
+            total += max(gN[idx], 0)
+        if used + total > PP.shape[0]:
+            PP = _grow(PP, used + total)
+            PT = _grow(PT, used + total)
+            PC = _grow(PC, used + total)
+        biggest = 0
+        for idx in range(n):
+            st = idx + 1
+            ne = gN[idx]
+            if ne < 0:  # too wide for the staging row: again, alone
+                ne, W = _subchain(st, st + d, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt,
+                                  PP, PT, PC, _work(width))
+                if used + ne > PP.shape[0]:
+                    PP = _grow(PP, used + ne)
+                    PT = _grow(PT, used + ne)
+                    PC = _grow(PC, used + ne)
+                PP[used:used + ne] = W[0][:ne]
+                PT[used:used + ne] = W[1][:ne]
+                PC[used:used + ne] = W[2][:ne]
+            else:
+                PP[used:used + ne] = gP[idx, :ne]
+                PT[used:used + ne] = gT[idx, :ne]
+                PC[used:used + ne] = gC[idx, :ne]
+            off[st, st + d] = used
+            cnt[st, st + d] = ne
+            used += ne
+            biggest = max(biggest, ne)
+        width = max(width, 2 * biggest)
+    return off, cnt, PP[:used].copy(), PT[:used].copy(), PC[:used].copy()
+
+
+@njit(cache=True)
+def _least_peak(x, s, tff, tfr, tfl, tb):
+    L = x.shape[0] - 1
+    M = np.zeros((L + 2, L + 1), np.int64)
+    for t in range(1, L + 1):
+        D = x[t] if t < L else 0
+        for st in range(t, 0, -1):
+            xs = x[st - 1]
+            r_peak = xs + D + x[st] + s[st] + tfr[st]
+            b_peak = xs + s[st] + x[st] + xs + tb[st]
+            if st == t:
+                best = max(r_peak, b_peak)
+                if t == L:
+                    best = max(best, xs + s[st] + 2 * x[st])
+            else:
+                child = M[st + 1, t]
+                best = max(max(r_peak, b_peak), child + xs + s[st])
+                before = x[st] + s[st + 1] + x[st + 1]
+                late = max(max(xs + D + x[st] + tff[st], xs + before + s[st] + tfl[st]),
+                           max(max(xs + s[st] + before + x[st] + tb[st + 1], b_peak), child + xs))
+                best = min(best, late)
+            fwd = 0
+            for sp in range(st + 1, t + 1):
+                k = sp - 1
+                fwd = max(fwd, xs + D + (x[k - 1] if k > st else 0) + x[k] + tff[k])
+                if fwd >= best:
+                    break
+                best = min(best, max(max(fwd, M[sp, t] + xs), M[st, sp - 1]))
+            M[st, t] = best
+    return M[1, L]
+
+
+def _arrays(c: Costs):
+    i64 = np.int64
+    return (np.asarray(c.x, i64), np.asarray(c.f, np.float64), np.asarray(c.b, np.float64),
+            np.asarray(c.s, i64), np.asarray(c.tf_f, i64), np.asarray(c.tf_r, i64),
+            np.asarray(c.tf_l, i64), np.asarray(c.tb, i64))
+
+
+class PoolFrontiers:
+    """Frontiers of every sub-chain in one pool: the compiled kernel's result. Same questions as
+    `_optimal_dp.Frontiers`: `top()` and `choice(s, t, m)`."""
+
+    def __init__(self, costs: Costs, cap, off, cnt, peaks, times, choices):
+        self.costs = costs
+        self.cap = cap
+        self._off, self._cnt = off, cnt
+        self._peaks, self._times, self._choices = peaks, times, choices
+
+    def point_arrays(self, st: int, t: int):
+        """(peaks in bytes, times in seconds, choices) of sub-chain st..t, as arrays."""
+        o, n = self._off[st, t], self._cnt[st, t]
+        return self._peaks[o:o + n], self._times[o:o + n], self._choices[o:o + n]
+
+    def top(self) -> tuple[list[int], list[float]]:
+        """The whole chain's frontier: (peaks in bytes, times in seconds)."""
+        p, t, _ = self.point_arrays(1, self.costs.L)
+        return p.tolist(), t.tolist()
+
+    def choice(self, st: int, t: int, m: int) -> int | None:
+        """The choice of sub-chain st..t's fastest point within m bytes (None: nothing fits)."""
+        p, _, ch = self.point_arrays(st, t)
+        k = int(np.searchsorted(p, m, side="right")) - 1
+        return None if k < 0 else int(ch[k])
+
+    @property
+    def n_points(self) -> int:
+        """Points stored over all sub-chains."""
+        return int(self._peaks.shape[0])
+
+
+def solve_compiled(c: Costs, *, cap: int | None = None, _width: int = 256):
+    """`_optimal_dp.solve` compiled: the frontiers of every sub-chain (points above `cap` bytes
+    dropped). Returns `PoolFrontiers` (the reference's `Frontiers` where numba is missing)."""
+    if not _NUMBA:  # pragma: no cover
+        from planner._optimal_dp import solve
+
+        return solve(c, cap=cap)
+    if cap is not None and cap < 0:
+        cap = -1  # nothing fits (the kernel's "no cap" sentinel is large, so keep the sign)
+    cap_i = _NO_CAP if cap is None else np.int64(cap)
+    # _width: the first staging row's width in points (tests make it tiny to take the slow path)
+    off, cnt, P, T, C = _solve(*_arrays(c), cap_i, max(1, get_num_threads()), _width)
+    return PoolFrontiers(c, cap, off, cnt, P, T, C)
+
+
+def least_peak_compiled(c: Costs) -> int:
+    """`_optimal_dp.least_peak` compiled: the least peak (bytes) of any schedule of the recurrence."""
+    if not _NUMBA:  # pragma: no cover
+        from planner._optimal_dp import least_peak
+
+        return least_peak(c)
+    x, _, _, s, tff, tfr, tfl, tb = _arrays(c)
+    return int(_least_peak(x, s, tff, tfr, tfl, tb))

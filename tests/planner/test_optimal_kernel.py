@@ -1,0 +1,76 @@
+"""The compiled frontier DP (planner/_optimal_kernel.py) against the pure-Python reference
+(planner/_optimal_dp.py): the same frontiers, schedules that replay to their points."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner._build import insert_drops
+from planner._optimal_dp import costs_of, least_peak, schedule_ops, solve
+from planner._optimal_kernel import available, least_peak_compiled, solve_compiled
+from planner.simulate import simulate
+from tests.planner.chains import chain, random_chains, worked_example
+
+pytestmark = pytest.mark.skipif(not available(), reason="numba is not installed")
+
+
+def _same_top(ref, got):
+    (rp, rt), (gp, gt) = ref.top(), got.top()
+    assert gp == rp
+    assert all(abs(a - b) <= 1e-12 * max(abs(a), 1.0) for a, b in zip(rt, gt, strict=True))
+
+
+def _replays_to_its_points(prof, fr):
+    for peak, time in zip(*fr.top(), strict=True):
+        sim = simulate(prof, insert_drops(schedule_ops(fr, peak), prof.n_stages))
+        assert sim.valid, sim.error
+        assert sim.peak_bytes <= peak and sim.time_s == pytest.approx(time, rel=1e-12)
+
+
+def test_worked_example_frontier():
+    prof = worked_example()
+    fr = solve_compiled(costs_of(prof))
+    # the doc's facts: 39 within 30, 43 within 26, 47 within 20, store-all 36 at 31, least 18
+    assert fr.top() == ([18, 19, 20, 21, 27, 28, 31], [54, 51, 47, 43, 40, 39, 36])
+    assert fr.choice(1, 4, 17) is None and fr.choice(1, 4, 31) is not None
+    _same_top(solve(costs_of(prof)), fr)
+    _replays_to_its_points(prof, fr)
+    assert least_peak_compiled(costs_of(prof)) == 18
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prof=random_chains(max_stages=9), cap_frac=st.one_of(st.none(), st.floats(0.0, 1.2)),
+       width=st.sampled_from([1, 2, 256]))
+def test_equals_the_reference(prof, cap_frac, width):
+    c = costs_of(prof)
+    cap = None if cap_frac is None else int(cap_frac * (sum(c.x) + sum(c.s) + 6))
+    got = solve_compiled(c, cap=cap, _width=width)  # width 1-2: the staging rows overflow
+    _same_top(solve(c, cap=cap), got)
+    _replays_to_its_points(prof, got)
+    assert least_peak_compiled(c) == least_peak(c)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_thirty_stage_chains_with_real_byte_sizes(seed):
+    """Large, distinct sizes (so frontiers have many points) and float times."""
+    r = random.Random(seed)
+    L = 30
+    prof = chain([r.randint(1, 10**9) for _ in range(L + 1)], [r.uniform(0.1, 2) for _ in range(L)],
+                 [r.uniform(0.1, 4) for _ in range(L)], [r.randint(0, 2 * 10**9) for _ in range(L)],
+                 [r.randint(0, 10**8) for _ in range(L)], [r.randint(0, 10**8) for _ in range(L)])
+    c = costs_of(prof)
+    ref = solve(c)
+    assert len(ref.top()[0]) > 20
+    _same_top(ref, solve_compiled(c))
+    cap = ref.top()[0][len(ref.top()[0]) // 3]
+    _same_top(solve(c, cap=cap), solve_compiled(c, cap=cap, _width=4))
+
+
+def test_nothing_fits_a_negative_or_tiny_cap():
+    c = costs_of(worked_example())
+    for cap in (-5, 0, 17):
+        assert solve_compiled(c, cap=cap).top() == ([], [])
