@@ -75,6 +75,33 @@ def measure_peer(stages, x, segments, steps):
     return m.peak_bytes + x.numel() * x.element_size(), statistics.median(times)
 
 
+def steady_allocator() -> bool:
+    """Keep freed activations in the process heap (glibc mallopt): True when it took effect.
+
+    NOTE [ glibc and step times on the CPU ]
+    PyTorch's CPU allocator has no cache; glibc serves blocks above its mmap threshold (128 KiB,
+    adapting upwards) with fresh mmaps and returns them on free, so a step touches new pages for
+    every large activation and pays a page fault per 4 KiB. How often depends on the plan's
+    allocation pattern and on glibc's adaptive threshold, not on the work: store-all's step varied
+    by 16% against its own prediction in one process. A GPU's caching allocator has no such cost,
+    and neither does the chain model. For the time comparison we keep blocks up to 32 MiB (glibc's
+    maximum threshold) in the heap and never trim it; --glibc-default leaves glibc as it is.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20)) and bool(
+            libc.mallopt(M_TRIM_THRESHOLD, 2**62))
+    except (OSError, AttributeError):
+        return False
+
+
 def main(argv=None):
     global WIDTH, BATCH
     ap = argparse.ArgumentParser()
@@ -82,8 +109,14 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--width", type=int, default=WIDTH, help="block width (more: less per-op overhead)")
     ap.add_argument("--batch", type=int, default=BATCH)
+    ap.add_argument("--rounds", type=int, default=5, help="NOTE [ interleaved rounds ]")
+    ap.add_argument("--tag", default="", help="suffix of the output files (e.g. _w256)")
+    ap.add_argument("--glibc-default", action="store_true",
+                    help="leave glibc's malloc as it is (NOTE [ glibc and step times on the CPU ])")
     args = ap.parse_args(argv)
     WIDTH, BATCH = args.width, args.batch
+    tuned = False if args.glibc_default else steady_allocator()
+    print(f"width {WIDTH}, batch {BATCH}, steps {args.steps}; glibc heap kept: {tuned}", flush=True)
     torch.set_num_threads(1)
     rows = []
     for L in [int(v) for v in args.depths.split(",")]:
@@ -94,28 +127,42 @@ def main(argv=None):
         if "optimal" in planner.STRATEGIES:
             plans["optimal"] = planner.plan(prof, strategy="optimal",
                                             budget_bytes=plans["sqrt"].predicted.peak_bytes)
+        # NOTE [ interleaved rounds ]: each round times every plan and the peer back to back
+        # (`steps` timed steps each, median), and overheads are per-round ratios to store-all's
+        # time in the same round, their median over rounds reported: slow drifts of the
+        # machine's speed cancel in a ratio of neighbours, not in one of minutes-apart runs.
         res = {}
-        for name, plan in plans.items():
-            r = run_plan(stages, x, plan, profile=prof, steps=args.steps + 1, optimizer="none",
-                         compare=False)
-            res[name] = r
         segs = max(1, round(math.sqrt(L)))
-        peer_peak, peer_time = measure_peer(stages, x, segs, args.steps)
-        base = res["store-all"].measured_time_s
+        ratios: dict[str, list[float]] = {name: [] for name in [*plans, "peer"]}
+        times: dict[str, list[float]] = {name: [] for name in [*plans, "peer"]}
+        for _ in range(args.rounds):
+            for name, plan in plans.items():
+                r = run_plan(stages, x, plan, profile=prof, steps=args.steps + 1,
+                             optimizer="none", compare=False)
+                res[name] = r
+                times[name].append(r.measured_time_s)
+            peer_peak, peer_time = measure_peer(stages, x, segs, args.steps)
+            times["peer"].append(peer_time)
+            for name in ratios:
+                ratios[name].append(times[name][-1] / times["store-all"][-1])
+        over = {name: statistics.median(v) - 1 for name, v in ratios.items()}
         row = dict(
             depth=L,
             store_all_peak_bytes=res["store-all"].measured_peak_bytes,
             sqrt_peak_bytes=res["sqrt"].measured_peak_bytes,
             sqrt_peak_pred_bytes=res["sqrt"].predicted_peak_bytes,
-            sqrt_overhead_measured=res["sqrt"].measured_time_s / base - 1,
+            sqrt_overhead_measured=over["sqrt"],
             sqrt_overhead_predicted=plans["sqrt"].predicted.overhead,
             peer_peak_bytes=peer_peak,
-            peer_overhead_measured=peer_time / base - 1,
+            peer_overhead_measured=over["peer"],
         )
         if "optimal" in res:
             row.update(optimal_peak_bytes=res["optimal"].measured_peak_bytes,
-                       optimal_overhead_measured=res["optimal"].measured_time_s / base - 1,
+                       optimal_overhead_measured=over["optimal"],
                        optimal_overhead_predicted=plans["optimal"].predicted.overhead)
+        for name in plans:  # step times (medians over rounds), for the prediction's own error
+            row[f"{name}_time_measured_s"] = statistics.median(times[name])
+            row[f"{name}_time_predicted_s"] = plans[name].predicted.time_s
         rows.append(row)
         print(f"L={L:4d} store-all {row['store_all_peak_bytes'] / 2**20:7.2f} MiB | sqrt "
               f"{row['sqrt_peak_bytes'] / 2**20:6.2f} MiB (pred {row['sqrt_peak_pred_bytes'] / 2**20:6.2f}) "
@@ -125,7 +172,9 @@ def main(argv=None):
               + f"checkpoint_sequential({segs}) {peer_peak / 2**20:6.2f} MiB +{row['peer_overhead_measured']:.0%}",
               flush=True)
     out = ROOT / "docs"
-    (out / "bench_seed_claims.json").write_text(json.dumps(rows, indent=2))
+    meta = dict(width=WIDTH, batch=BATCH, steps=args.steps, rounds=args.rounds,
+                glibc_heap_kept=tuned)
+    (out / f"bench_seed_claims{args.tag}.json").write_text(json.dumps(dict(meta, rows=rows), indent=2))
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,7 +193,7 @@ def main(argv=None):
     ax.set_ylabel("peak activation memory (MiB, measured)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "bench_seed_claims.png", dpi=120)
+    fig.savefig(out / f"bench_seed_claims{args.tag}.png", dpi=120)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,13 @@ class Costs:
     tf_r: list[int]  # transient bytes of a recorded forward
     tf_l: list[int]  # ... of a recorded forward whose output is already live (the late record)
     tb: list[int]  # transient bytes of a backward (may be negative for macro stages)
+    fn: list[float] | None = None  # seconds of an unrecorded forward `F` (None: f); see
+    # NOTE [ no-grad forward time ] in planner/simulate.py
+
+    @property
+    def f_nograd(self) -> list[float]:
+        """Seconds of each stage's unrecorded forward (`F`), 1-based."""
+        return self.f if self.fn is None else self.fn
 
     @property
     def L(self) -> int:
@@ -55,9 +62,12 @@ class Costs:
 
 def costs_of(profile) -> Costs:
     """The chain model's costs of a Profile."""
+    from planner.simulate import nograd_forward_s
+
     layers = profile.layers
     tf = [0] + [la.forward_temp_bytes for la in layers]
     return Costs(
+        fn=[0.0] + nograd_forward_s(profile),
         x=[profile.input_bytes] + [la.output_bytes for la in layers],
         f=[0.0] + [la.forward_s for la in layers],
         b=[0.0] + [la.backward_s for la in layers],
@@ -102,6 +112,7 @@ def solve(c: Costs, *, cap: int | None = None) -> Frontiers:
     bytes; None keeps all). Returns `Frontiers`; the whole chain's is `peaks[1][L]`."""
     L = c.L
     x, f, b, s, tff, tfr, tfl, tb = c.x, c.f, c.b, c.s, c.tf_f, c.tf_r, c.tf_l, c.tb
+    fn = c.f_nograd  # `F` ops: the split's forwards and the late record's first forward
     big = cap if cap is not None else None
     P: list[list[list[int]]] = [[[] for _ in range(L + 1)] for _ in range(L + 2)]
     T: list[list[list[float]]] = [[[] for _ in range(L + 1)] for _ in range(L + 2)]
@@ -136,7 +147,7 @@ def solve(c: Costs, *, cap: int | None = None) -> Frontiers:
                     xs + s[st] + before + x[st] + tb[st + 1],  # B s+1 above the record s_s
                     b_peak,
                 )
-                fb2 = fb + f[st]
+                fb2 = fb + fn[st]
                 for p, tm in zip(P[st + 1][t], T[st + 1][t], strict=True):
                     cand.append((max(floor, p + xs), tm + fb2, LATE))
             # split at s': F s..s'-1 keeping a_{s'-1}
@@ -145,7 +156,7 @@ def solve(c: Costs, *, cap: int | None = None) -> Frontiers:
             for sp in range(st + 1, t + 1):
                 k = sp - 1  # the forward F k runs now, a_{k-1} freed after it unless k = s
                 fwd = max(fwd, xs + D + (x[k - 1] if k > st else 0) + x[k] + tff[k])
-                fsum += f[k]
+                fsum += fn[k]
                 Rp, Rt = P[sp][t], T[sp][t]
                 Lp, Lt = P[st][sp - 1], T[st][sp - 1]
                 if not Rp or not Lp:
@@ -285,7 +296,8 @@ def group_costs(c: Costs, bounds: list[tuple[int, int]]) -> Costs:
     forward, which counts the group's input as live throughout (an over-estimate of at most x_{p-1}
     when that input is not a kept checkpoint), so the recurrence never under-estimates a peak."""
     x = [c.x[0]]
-    f, b, s, tff, tfr, tfl, tb = ([0] for _ in range(7))
+    f, fn, b, s, tff, tfr, tfl, tb = ([0] for _ in range(8))
+    cfn = c.f_nograd
     for p, q in bounds:
         xq, xin = c.x[q], c.x[p - 1]
         sg = sum(c.x[p:q]) + sum(c.s[p:q + 1])
@@ -304,13 +316,14 @@ def group_costs(c: Costs, bounds: list[tuple[int, int]]) -> Costs:
             acc_x += c.x[k]
         x.append(xq)
         f.append(sum(c.f[p:q + 1]))
+        fn.append(sum(cfn[p:q + 1]))
         b.append(sum(c.b[p:q + 1]))
         s.append(sg)
         tff.append(fwd - xq)
         tfr.append(max(terms) - xq - sg)
         tfl.append(late - sg)
         tb.append(max(back) - (sg + xq + xin))
-    return Costs(x=x, f=f, b=b, s=s, tf_f=tff, tf_r=tfr, tf_l=tfl, tb=tb)
+    return Costs(x=x, f=f, b=b, s=s, tf_f=tff, tf_r=tfr, tf_l=tfl, tb=tb, fn=fn)
 
 
 def expand_ops(ops: list[tuple], bounds: list[tuple[int, int]]) -> list[tuple]:

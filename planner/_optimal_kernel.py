@@ -20,6 +20,8 @@ Results equal the reference's (tests/planner/test_optimal_kernel.py).
 from __future__ import annotations
 
 import logging
+import os
+import threading
 
 import numpy as np
 
@@ -30,8 +32,16 @@ __all__ = ["available", "solve_compiled", "least_peak_compiled", "PoolFrontiers"
 log = logging.getLogger(__name__)
 
 try:  # numba is a dependency; a broken install falls back to the reference (slow, still exact)
+    import numba
     from numba import get_num_threads, njit, prange
 
+    # NOTE [ numba's threads and torch's ]: numba's default "omp" layer shares the OpenMP
+    # runtime with torch and leaves it at numba's thread count, so every torch op after a plan
+    # ran on two threads where torch.set_num_threads(1) had asked for one (seen as a second busy
+    # thread in a timed benchmark). The workqueue layer has its own pthreads; it must not be
+    # entered by two Python threads at once (the service plans in a thread pool): _LAUNCH.
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        numba.config.THREADING_LAYER = "workqueue"
     _NUMBA = True
 except Exception as exc:  # pragma: no cover - exercised only where numba cannot load
     log.warning("numba unavailable (%s): the optimal planner uses its pure-Python DP", exc)
@@ -47,6 +57,7 @@ except Exception as exc:  # pragma: no cover - exercised only where numba cannot
 
 
 _NO_CAP = np.int64(2**62)
+_LAUNCH = threading.Lock()  # NOTE [ numba's threads and torch's ]
 
 
 def available() -> bool:
@@ -61,6 +72,12 @@ def _grow(a, need):
     out = np.empty(max(need, 2 * a.shape[0]), a.dtype)
     out[: a.shape[0]] = a
     return out
+
+
+@njit(cache=True)
+def _grow3(P, T, C, need):
+    """A staircase's three arrays (peaks, times, choices) with room for `need` points."""
+    return _grow(P, need), _grow(T, need), _grow(C, need)
 
 
 @njit(cache=True)
@@ -174,7 +191,64 @@ def _first_at_most(Ep, Et, ne, tm):
 
 
 @njit(cache=True)
-def _subchain(st, t, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, W):
+def _last_le(P, lo, hi, v):
+    """The index of the last of P[lo:hi] (ascending) that is <= v; lo - 1 when none is."""
+    a = lo
+    b = hi
+    while a < b:
+        mid = (a + b) // 2
+        if P[mid] <= v:
+            a = mid + 1
+        else:
+            b = mid
+    return a - 1
+
+
+@njit(cache=True)
+def _split_points(PP, PT, oR, nR, oL, nL, xs, fsum, m0, m1, sp, Ep, Et, ne, Sp, St, Sc):
+    """The points of a split's staircase S(m) = fsum + R(m - xs) + L(m) on [m0, m1] that beat the
+    envelope E, into (Sp, St, Sc); returns how many (at most nR + nL + 1).
+
+    NOTE [ only points that beat the envelope ]
+    A point of S that does not beat E where it starts cannot win later either: E only falls until
+    S's next point. Keeping just the winners means most splits end with nothing to merge, and the
+    envelope is copied only for the few that add points (merging every split's staircase copied
+    the envelope each time: most of the kernel's time at 200 stages). Testing blocks of S against
+    E to skip them without walking was tried, and costs more than the walk."""
+    eR = oR + nR
+    eL = oL + nL
+    i = _last_le(PP, oR, eR, m0 - xs)
+    j = _last_le(PP, oL, eL, m0)
+    e = _last_le(Ep, 0, ne, m0)  # E's point in force at m
+    ns = 0
+    m = m0
+    while True:
+        while e + 1 < ne and Ep[e + 1] <= m:
+            e += 1
+        v = fsum + PT[i] + PT[j]
+        if e < 0 or v < Et[e] - abs(Et[e]) * 1e-12:
+            ns = _push(Sp, St, Sc, ns, m, v, sp)
+        has_r = i + 1 < eR
+        has_l = j + 1 < eL
+        if not has_r and not has_l:
+            break
+        nr = PP[i + 1] + xs if has_r else 0
+        nl = PP[j + 1] if has_l else 0
+        if not has_l or (has_r and nr <= nl):
+            m = nr
+        else:
+            m = nl
+        if m > m1:
+            break
+        if has_r and nr == m:
+            i += 1
+        if has_l and nl == m:
+            j += 1
+    return ns
+
+
+@njit(cache=True)
+def _subchain(st, t, x, f, fn, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, W):
     """The frontier of sub-chain st..t into the work arrays W = (E, F, S) x (peaks, times,
     choices), from the frontiers of shorter sub-chains in the pool (PP, PT, PC) at (off, cnt).
     Returns (its length, W): the envelope is W[0..2], arrays that grew are new ones."""
@@ -199,25 +273,19 @@ def _subchain(st, t, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, W
     else:
         o = off[st + 1, t]
         nc = cnt[st + 1, t]
-        if nc + 1 > Sp.shape[0]:
-            Sp = _grow(Sp, nc + 1)
-            St = _grow(St, nc + 1)
-            Sc = _grow(Sc, nc + 1)
+        Sp, St, Sc = _grow3(Sp, St, Sc, nc + 1)
         # the late record first (it wins exact ties, as in the reference)
         before = x[st] + s[st + 1] + x[st + 1]
         floor = max(max(xs + D + x[st] + tff[st], xs + before + s[st] + tfl[st]),
                     max(xs + s[st] + before + x[st] + tb[st + 1], b_peak))
-        fb2 = fb + f[st]
+        fb2 = fb + fn[st]
         ns = 0
         for q in range(o, o + nc):
             pk = max(floor, PP[q] + xs)
             if pk > cap:
                 break
             ns = _push(Sp, St, Sc, ns, pk, PT[q] + fb2, LATE)
-        if ns > Ep.shape[0]:
-            Ep = _grow(Ep, ns)
-            Et = _grow(Et, ns)
-            Ec = _grow(Ec, ns)
+        Ep, Et, Ec = _grow3(Ep, Et, Ec, ns)
         Ep[:ns] = Sp[:ns]
         Et[:ns] = St[:ns]
         Ec[:ns] = Sc[:ns]
@@ -231,10 +299,7 @@ def _subchain(st, t, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, W
             if pk > cap:
                 break
             ns = _push(Sp, St, Sc, ns, pk, PT[q] + fb, RECORD)
-        if ne + ns > Fp.shape[0]:
-            Fp = _grow(Fp, ne + ns)
-            Ft = _grow(Ft, ne + ns)
-            Fc = _grow(Fc, ne + ns)
+        Fp, Ft, Fc = _grow3(Fp, Ft, Fc, ne + ns)
         ne = _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
         Ep, Fp = Fp, Ep
         Et, Ft = Ft, Et
@@ -245,7 +310,7 @@ def _subchain(st, t, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, W
     for sp in range(st + 1, t + 1):
         k = sp - 1
         fwd = max(fwd, xs + D + (x[k - 1] if k > st else 0) + x[k] + tff[k])
-        fsum += f[k]
+        fsum += fn[k]
         if fwd > cap:
             break  # the forward's peak only grows with s'
         nR = cnt[sp, t]
@@ -263,40 +328,13 @@ def _subchain(st, t, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, W
         # the split can only help below the least peak at which the envelope is already as fast
         # as the split's fastest time
         stop_at = min(_first_at_most(Ep, Et, ne, fastest), cap)
-        if nR + nL > Sp.shape[0]:
-            Sp = _grow(Sp, nR + nL)
-            St = _grow(St, nR + nL)
-            Sc = _grow(Sc, nR + nL)
-        # i, j: the last points of R (shifted by xs) and L with a peak <= m
-        i = oR
-        while i + 1 < oR + nR and PP[i + 1] + xs <= m:
-            i += 1
-        j = oL
-        while j + 1 < oL + nL and PP[j + 1] <= m:
-            j += 1
-        ns = 0
-        while True:
-            ns = _push(Sp, St, Sc, ns, m, fsum + PT[i] + PT[j], sp)
-            has_r = i + 1 < oR + nR
-            has_l = j + 1 < oL + nL
-            if not has_r and not has_l:
-                break
-            nr = PP[i + 1] + xs if has_r else 0
-            nl = PP[j + 1] if has_l else 0
-            if not has_l or (has_r and nr <= nl):
-                m = nr
-                i += 1
-                if has_l and nl == nr:
-                    j += 1
-            else:
-                m = nl
-                j += 1
-            if m > stop_at:
-                break
-        if ne + ns > Fp.shape[0]:
-            Fp = _grow(Fp, ne + ns)
-            Ft = _grow(Ft, ne + ns)
-            Fc = _grow(Fc, ne + ns)
+        Sp, St, Sc = _grow3(Sp, St, Sc, nR + nL + 1)
+        end = min(stop_at, max(PP[oR + nR - 1] + xs, PP[oL + nL - 1]))
+        ns = _split_points(PP, PT, oR, nR, oL, nL, xs, fsum, m, max(m, end), sp,
+                           Ep, Et, ne, Sp, St, Sc)
+        if ns == 0:
+            continue  # nothing of this split enters the envelope: no merge, no copy
+        Fp, Ft, Fc = _grow3(Fp, Ft, Fc, ne + ns)
         ne = _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
         Ep, Fp = Fp, Ep
         Et, Ft = Ft, Et
@@ -312,7 +350,7 @@ def _work(n):
 
 
 @njit(cache=True, parallel=True)
-def _one_length(d, width, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, n_workers):
+def _one_length(d, width, x, f, fn, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, n_workers):
     """The sub-chains of length d + 1, `n_workers` at a time, into staging rows of `width`
     points (-1 in the count: the row was too narrow)."""
     n = x.shape[0] - 1 - d
@@ -321,19 +359,19 @@ def _one_length(d, width, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, 
     gC = np.empty((n, width), np.int64)
     gN = np.zeros(n, np.int64)
     for w in prange(n_workers):
-        _stage(w, d, width, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, n_workers,
+        _stage(w, d, width, x, f, fn, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, n_workers,
                gP, gT, gC, gN)
     return gP, gT, gC, gN
 
 
 @njit(cache=True)
-def _stage(w, d, width, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, n_workers,
+def _stage(w, d, width, x, f, fn, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, n_workers,
            gP, gT, gC, gN):
     n = gN.shape[0]
     W = _work(width)
     for idx in range(w, n, n_workers):
         st = idx + 1
-        ne, W = _subchain(st, st + d, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, W)
+        ne, W = _subchain(st, st + d, x, f, fn, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC, W)
         if ne <= width:
             gP[idx, :ne] = W[0][:ne]
             gT[idx, :ne] = W[1][:ne]
@@ -344,7 +382,7 @@ def _stage(w, d, width, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, PC
 
 
 @njit(cache=True)
-def _solve(x, f, b, s, tff, tfr, tfl, tb, cap, n_workers, width):
+def _solve(x, f, fn, b, s, tff, tfr, tfl, tb, cap, n_workers, width):
     """All sub-chains by length (each needs only shorter ones), those of one length in parallel:
     each worker writes its frontiers to a staging row of width `width`; one that does not fit is
     solved again after the parallel loop, alone, with room to grow."""
@@ -357,26 +395,20 @@ def _solve(x, f, b, s, tff, tfr, tfl, tb, cap, n_workers, width):
     used = 0
     for d in range(L):
         n = L - d  # sub-chains st..st+d, st = 1..n
-        gP, gT, gC, gN = _one_length(d, width, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt,
+        gP, gT, gC, gN = _one_length(d, width, x, f, fn, b, s, tff, tfr, tfl, tb, cap, off, cnt,
                                      PP, PT, PC, n_workers)
         total = 0
         for idx in range(n):
             total += max(gN[idx], 0)
-        if used + total > PP.shape[0]:
-            PP = _grow(PP, used + total)
-            PT = _grow(PT, used + total)
-            PC = _grow(PC, used + total)
+        PP, PT, PC = _grow3(PP, PT, PC, used + total)
         biggest = 0
         for idx in range(n):
             st = idx + 1
             ne = gN[idx]
             if ne < 0:  # too wide for the staging row: again, alone
-                ne, W = _subchain(st, st + d, x, f, b, s, tff, tfr, tfl, tb, cap, off, cnt,
+                ne, W = _subchain(st, st + d, x, f, fn, b, s, tff, tfr, tfl, tb, cap, off, cnt,
                                   PP, PT, PC, _work(width))
-                if used + ne > PP.shape[0]:
-                    PP = _grow(PP, used + ne)
-                    PT = _grow(PT, used + ne)
-                    PC = _grow(PC, used + ne)
+                PP, PT, PC = _grow3(PP, PT, PC, used + ne)
                 PP[used:used + ne] = W[0][:ne]
                 PT[used:used + ne] = W[1][:ne]
                 PC[used:used + ne] = W[2][:ne]
@@ -426,7 +458,8 @@ def _least_peak(x, s, tff, tfr, tfl, tb):
 
 def _arrays(c: Costs):
     i64 = np.int64
-    return (np.asarray(c.x, i64), np.asarray(c.f, np.float64), np.asarray(c.b, np.float64),
+    return (np.asarray(c.x, i64), np.asarray(c.f, np.float64), np.asarray(c.f_nograd, np.float64),
+            np.asarray(c.b, np.float64),
             np.asarray(c.s, i64), np.asarray(c.tf_f, i64), np.asarray(c.tf_r, i64),
             np.asarray(c.tf_l, i64), np.asarray(c.tb, i64))
 
@@ -474,7 +507,8 @@ def solve_compiled(c: Costs, *, cap: int | None = None, _width: int = 256):
         cap = -1  # nothing fits (the kernel's "no cap" sentinel is large, so keep the sign)
     cap_i = _NO_CAP if cap is None else np.int64(cap)
     # _width: the first staging row's width in points (tests make it tiny to take the slow path)
-    off, cnt, P, T, C = _solve(*_arrays(c), cap_i, max(1, get_num_threads()), _width)
+    with _LAUNCH:
+        off, cnt, P, T, C = _solve(*_arrays(c), cap_i, max(1, get_num_threads()), _width)
     return PoolFrontiers(c, cap, off, cnt, P, T, C)
 
 
@@ -484,5 +518,5 @@ def least_peak_compiled(c: Costs) -> int:
         from planner._optimal_dp import least_peak
 
         return least_peak(c)
-    x, _, _, s, tff, tfr, tfl, tb = _arrays(c)
+    x, _, _, _, s, tff, tfr, tfl, tb = _arrays(c)
     return int(_least_peak(x, s, tff, tfr, tfl, tb))

@@ -51,6 +51,7 @@ class SlotCosts:
     TB: list[int]
     f: list[float]
     b: list[float]
+    fn: list[float]  # an unrecorded forward's seconds (NOTE [ no-grad forward time ])
 
 
 def slot_sizes(c: Costs, budget_bytes: int, slots: int, *, up: bool) -> SlotCosts:
@@ -64,7 +65,7 @@ def slot_sizes(c: Costs, budget_bytes: int, slots: int, *, up: bool) -> SlotCost
         return [(v * slots) // budget_bytes for v in vals]
 
     return SlotCosts(X=r(c.x), S=r(c.s), TFf=r(c.tf_f), TFr=r(c.tf_r), TFl=r(c.tf_l), TB=r(c.tb),
-                     f=c.f, b=c.b)
+                     f=c.f, b=c.b, fn=c.f_nograd)
 
 
 @dataclass
@@ -82,12 +83,13 @@ def solve_slotted(sc: SlotCosts, slots: int, *, choices: bool = True) -> SlotRes
     """Tabulate C(s, t, m) for m = 0..slots (NOTE [ slotted mode and its bound ]). Returns a
     `SlotResult`; with `choices=False` no choice table is kept (the lower-bound run)."""
     X, Ss, TFf, TFr, TFl, TB, f, b = sc.X, sc.S, sc.TFf, sc.TFr, sc.TFl, sc.TB, sc.f, sc.b
+    fn = sc.fn  # `F` ops (NOTE [ no-grad forward time ] in planner/simulate.py)
     L = len(X) - 1
     W = slots + 1
     C = np.full((L + 2, L + 1, W), INF)  # C[s, t, m]; s <= t used
     CH = np.full((L + 2, L + 1, W), NONE, dtype=np.int16) if choices else None
     cols = np.arange(W)
-    Fc = np.concatenate(([0.0], np.cumsum(f[1:])))  # Fc[k] = f_1 + ... + f_k
+    Fc = np.concatenate(([0.0], np.cumsum(fn[1:])))  # Fc[k] = f'_1 + ... + f'_k (no-grad)
     # g[k]: bytes of `F k` in a split's forward run beyond xs + D (a_{k-1} freed after F k, except
     # the sub-chain's own input a_{s-1}, counted in xs)
     g_in = [0] + [X[k - 1] + X[k] + TFf[k] for k in range(1, L + 1)]
@@ -142,7 +144,7 @@ def solve_slotted(sc: SlotCosts, slots: int, *, choices: bool = True) -> SlotRes
                 cand.fill(INF)
                 a = max(lo, xs)
                 if a < W:
-                    cand[a:] = child[a - xs:W - xs] + (fb + f[st])
+                    cand[a:] = child[a - xs:W - xs] + (fb + fn[st])
                 np.minimum(row, cand, out=row) if not choices else _take(row, chrow, cand, LATE)
             # split at s' = st + j (j = 1..d): F st..s'-1, then s'..t above a_{st-1}, then st..s'-1
             if xs >= W:

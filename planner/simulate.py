@@ -62,10 +62,27 @@ def simulate(
     return _replay(prof, ops, storage)
 
 
+def nograd_forward_s(prof: Profile) -> list[float]:
+    """Seconds of each stage's unrecorded forward (`F`), stages 1..L: `forward_nograd_s` where
+    the profile has it, else `forward_s`.
+
+    NOTE [ no-grad forward time ]
+    The chain model charges f_i for `F i` and `R i` alike. Under torch.no_grad() a forward records
+    nothing for autograd and keeps no saved tensors, and on the CPU it is measurably cheaper (a
+    residual MLP block at width 512: about 0.7 x the recorded forward), so a plan's recompute
+    overhead was over-predicted by up to a third. The profiler now also times the no-grad forward
+    (`forward_nograd_s`), and the simulator and the optimal DP charge it for `F` ops; profiles
+    without it (analytic ones, older files) mean the same as before.
+    """
+    return [layer.forward_s if layer.forward_nograd_s is None else layer.forward_nograd_s
+            for layer in prof.layers]
+
+
 def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None) -> Simulation:
     L = prof.n_stages
     x = [prof.input_bytes] + [layer.output_bytes for layer in prof.layers]
     f = [0.0] + [layer.forward_s for layer in prof.layers]
+    fn = [0.0] + nograd_forward_s(prof)  # `F` ops (NOTE [ no-grad forward time ])
     b = [0.0] + [layer.backward_s for layer in prof.layers]
     s = [0] + [layer.saved_bytes for layer in prof.layers]
     tf = [0] + [layer.forward_temp_bytes for layer in prof.layers]
@@ -171,7 +188,7 @@ def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None)
                             converted.append(j)
                 act[i] = True
                 fwd[i] += 1
-                time_s += f[i]
+                time_s += f[i] if name == "R" else fn[i]
             elif name == "drop":
                 if not act[i]:
                     return fail(k, op, f"a_{i} is not live")

@@ -12,7 +12,8 @@ with every parameter's gradient already allocated (as in a training step after t
   leaves allocated; `backward_temp_bytes`: the peak during its backward, above the level at its
   start, minus the new input gradient. On a GPU from the caching allocator's counters, on the CPU
   from the PyTorch profiler's allocation events (`profiler.memory`), both exact.
-- `forward_s`, `backward_s`: medians over `repeats` after `warmup` runs, timed apart from the
+- `forward_s`, `backward_s`, `forward_nograd_s` (the same forward under torch.no_grad(), which an
+  `F` op runs): medians over `repeats` after `warmup` runs, timed apart from the
   memory passes (the profiler's bookkeeping would slow them): CUDA events on a GPU, a monotonic
   clock after synchronisation on the CPU.
 - `flops`: `torch.utils.flop_counter.FlopCounterMode` over one forward.
@@ -105,7 +106,7 @@ def profile_chain(
         for i, stage in enumerate(stages):
             label = stage_labels[i]
             mem = _measure_stage_memory(stage, inputs[i], i == 0, dev, ctx, fixed_tensors)
-            f_s, b_s = _time_stage(stage, inputs[i], i == 0, dev, ctx, repeats, warmup)
+            f_s, b_s, n_s = _time_stage(stage, inputs[i], i == 0, dev, ctx, repeats, warmup)
             flops = _forward_flops(stage, inputs[i], ctx)
             pbytes = 0
             for p in stage.parameters():
@@ -118,6 +119,7 @@ def profile_chain(
                     kind=getattr(stage, "memplan_kind", type(stage).__name__.lower()),
                     forward_s=f_s,
                     backward_s=b_s,
+                    forward_nograd_s=n_s,
                     output_bytes=mem["output_bytes"],
                     saved_bytes=mem["saved_bytes"],
                     forward_temp_bytes=mem["forward_temp_bytes"],
@@ -402,13 +404,16 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def _time_stage(stage, x_prev, first, dev, ctx, repeats, warmup) -> tuple[float, float]:
+def _time_stage(stage, x_prev, first, dev, ctx, repeats, warmup) -> tuple[float, float, float]:
+    """Medians (seconds) of the recorded forward, its backward and the forward under
+    torch.no_grad() (an `F` op; NOTE [ no-grad forward time ] in planner/simulate.py)."""
     fwd: list[float] = []
     bwd: list[float] = []
+    nograd: list[float] = []
     for r in range(warmup + repeats):
         x = _stage_input(x_prev, first)
         if dev.type == "cuda":
-            e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            e0, e1, e2, e3, e4 = (torch.cuda.Event(enable_timing=True) for _ in range(5))
             _sync(dev)
             e0.record()
             with ctx():
@@ -417,8 +422,14 @@ def _time_stage(stage, x_prev, first, dev, ctx, repeats, warmup) -> tuple[float,
             if out.requires_grad:
                 torch.autograd.backward(out, torch.ones_like(out))
             e2.record()
+            del out
+            e3.record()
+            with torch.no_grad(), ctx():
+                out = stage(x)
+            e4.record()
             _sync(dev)
             f_s, b_s = e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3
+            n_s = e3.elapsed_time(e4) / 1e3
         else:
             t0 = time.perf_counter()
             with ctx():
@@ -432,11 +443,17 @@ def _time_stage(stage, x_prev, first, dev, ctx, repeats, warmup) -> tuple[float,
             else:
                 t1b = t2 = t1
             f_s, b_s = t1 - t0, t2 - t1b
+            del out
+            t3 = time.perf_counter()
+            with torch.no_grad(), ctx():
+                out = stage(x)
+            n_s = time.perf_counter() - t3
         del out, x
         if r >= warmup:
             fwd.append(f_s)
             bwd.append(b_s)
-    return statistics.median(fwd), statistics.median(bwd)
+            nograd.append(n_s)
+    return statistics.median(fwd), statistics.median(bwd), statistics.median(nograd)
 
 
 def _forward_flops(stage, x_prev, ctx) -> float:

@@ -50,6 +50,11 @@ class LayerProfile(BaseModel):
     kind: str = Field(default="layer", description="stage family, e.g. 'block', 'embed', 'head'")
     forward_s: Seconds = Field(description="[f_i] seconds for one forward of the stage")
     backward_s: Seconds = Field(description="[b_i] seconds for its backward")
+    forward_nograd_s: Seconds | None = Field(
+        default=None,
+        description="[f'_i] seconds for one forward under torch.no_grad() (an `F` op; cheaper: "
+        "autograd records nothing); None: forward_s (a chain-model extension, docs/chain-model.md)",
+    )
     output_bytes: Bytes = Field(description="[x_i] bytes of its output a_i (and of d_i)")
     saved_bytes: Bytes = Field(
         description="[s_i] bytes autograd keeps for its backward (unique storages, no parameters, "

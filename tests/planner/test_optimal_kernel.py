@@ -42,10 +42,23 @@ def test_worked_example_frontier():
     assert least_peak_compiled(costs_of(prof)) == 18
 
 
+def _with_nograd(prof, scale):
+    """The chain with forward_nograd_s = scale x forward_s (None: left out)."""
+    if scale is None:
+        return prof
+    d = prof.model_dump()
+    for la in d["layers"]:
+        la["forward_nograd_s"] = la["forward_s"] * scale
+    return type(prof).model_validate(d)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prof=random_chains(max_stages=9), cap_frac=st.one_of(st.none(), st.floats(0.0, 1.2)),
-       width=st.sampled_from([1, 2, 256]))
-def test_equals_the_reference(prof, cap_frac, width):
+       width=st.sampled_from([1, 2, 256]), nograd=st.sampled_from([None, 0.5, 0.75]))
+def test_equals_the_reference(prof, cap_frac, width, nograd):
+    # with a no-grad forward time, the replay (which charges it to F ops) must still agree with
+    # the DP's times point for point
+    prof = _with_nograd(prof, nograd)
     c = costs_of(prof)
     cap = None if cap_frac is None else int(cap_frac * (sum(c.x) + sum(c.s) + 6))
     got = solve_compiled(c, cap=cap, _width=width)  # width 1-2: the staging rows overflow

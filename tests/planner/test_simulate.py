@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.simulate import simulate
+from profiler.schema import Profile
 from tests.planner.chains import chain, worked_example
 
 STORE_ALL = [["R", 1], ["R", 2], ["R", 3], ["R", 4], ["loss"], ["drop", 4], ["B", 4], ["drop", 3],
@@ -93,3 +94,21 @@ def test_b_needs_its_input():
 def test_dict_profile_and_tuple_ops_are_accepted():
     sim = simulate(worked_example().model_dump(), [tuple(op) for op in STORE_ALL])
     assert sim.valid and sim.peak_bytes == 31
+
+
+def test_nograd_forward_time_is_charged_to_F_only():
+    """NOTE [ no-grad forward time ]: `F i` costs forward_nograd_s, `R i` forward_s."""
+    d = worked_example().model_dump()
+    for la, fn in zip(d["layers"], (1.5, 2.0, 0.5, 0.25), strict=True):
+        la["forward_nograd_s"] = fn
+    prof = Profile.model_validate(d)
+    ops = [["F", 1], ["F", 2], ["R", 3], ["R", 4], ["loss"], ["B", 4], ["B", 3], ["drop", 2],
+           ["R", 1], ["R", 2], ["B", 2], ["B", 1]]
+    sim = simulate(prof, ops)
+    assert sim.valid, sim.error
+    # store-all is 36; the recorded forwards add f (3 + 4 + 4 + 1), the F ops f' (1.5 + 2.0)
+    assert sim.time_s == 3 + 4 + 4 + 1 + 6 + 8 + 8 + 2 + 1.5 + 2.0
+    assert sim.recompute_s == 3.5
+    bad = d["layers"][0] | {"forward_nograd_s": -1.0}
+    with pytest.raises(ValueError, match="forward_nograd_s"):
+        Profile.model_validate(d | {"layers": [bad, *d["layers"][1:]]})
