@@ -6,11 +6,14 @@ the same recurrence over the same exact integer peaks, compiled, with two change
 and make it fast:
 
 - Frontiers live in one pool of arrays (`off[s, t]`, `cnt[s, t]` index it), not lists of lists.
-- A sub-chain's frontier is built by merging each choice's staircase into a running envelope in
-  linear time (no sort), and a split whose fastest possible time is no better than the envelope at
-  its least peak is skipped before its staircase is built: the envelope is non-increasing, so
-  nothing that split offers could survive. Splits whose forward alone exceeds the cap end the scan
-  (the forward peak only grows with the split point).
+- A sub-chain's frontier is built as a running envelope: each choice's staircase is walked in
+  peak order and only its points that beat the envelope are kept (NOTE [ only points that beat
+  the envelope ]), then merged in linear time (no sort). A split whose fastest possible time is
+  no better than the envelope at its least peak is skipped before the walk, and the walk stops
+  where the envelope is as fast as the split can ever be. Splits whose forward alone exceeds the
+  cap end the scan (the forward peak only grows with the split point).
+- Sub-chains of one length depend only on shorter ones: they are solved in parallel (numba's
+  threads), each worker writing to a staging row that is copied into the pool afterwards.
 
 Exact ties (same peak, same time) keep the earlier choice in the order LATE, RECORD, splits
 ascending, as the reference does; times that differ by under 1e-12 relative count as ties in both.
@@ -36,10 +39,10 @@ try:  # numba is a dependency; a broken install falls back to the reference (slo
     from numba import get_num_threads, njit, prange
 
     # NOTE [ numba's threads and torch's ]: numba's default "omp" layer shares the OpenMP
-    # runtime with torch and leaves it at numba's thread count, so every torch op after a plan
-    # ran on two threads where torch.set_num_threads(1) had asked for one (seen as a second busy
-    # thread in a timed benchmark). The workqueue layer has its own pthreads; it must not be
-    # entered by two Python threads at once (the service plans in a thread pool): _LAUNCH.
+    # runtime with torch: in a benchmark pinned to one torch thread, a second thread ran at 100%
+    # through every timed step once a plan had been solved, and step times drifted by 20%. On
+    # the workqueue layer (numba's own pthreads) it does not. That layer must not be entered by
+    # two Python threads at once (the service plans in a thread pool): _LAUNCH serialises it.
     if "NUMBA_THREADING_LAYER" not in os.environ:
         numba.config.THREADING_LAYER = "workqueue"
     _NUMBA = True
