@@ -165,17 +165,37 @@ def _push(Sp, St, Sc, n, p, tm, ch):
 
 
 @njit(cache=True)
-def _value_at(Ep, Et, ne, m):
-    """The envelope's time within m (inf when nothing fits): binary search."""
-    lo = 0
-    hi = ne
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if Ep[mid] <= m:
-            lo = mid + 1
+def _last_le(P, lo, hi, v):
+    """The index of the last of P[lo:hi] (ascending) that is <= v; lo - 1 when none is."""
+    a = lo
+    b = hi
+    while a < b:
+        mid = (a + b) // 2
+        if P[mid] <= v:
+            a = mid + 1
         else:
-            hi = mid
-    return Et[lo - 1] if lo > 0 else np.inf
+            b = mid
+    return a - 1
+
+
+@njit(cache=True)
+def _shifted(PP, PT, o, n, floor, shift, add, cap, choice, Sp, St, Sc):
+    """A child's frontier (pool points o..o+n) as the parent's staircase: peaks shifted by `shift`
+    bytes and at least `floor`, times plus `add` seconds, up to `cap`; returns its length."""
+    ns = 0
+    for q in range(o, o + n):
+        pk = max(floor, PP[q] + shift)
+        if pk > cap:
+            break
+        ns = _push(Sp, St, Sc, ns, pk, PT[q] + add, choice)
+    return ns
+
+
+@njit(cache=True)
+def _value_at(Ep, Et, ne, m):
+    """The envelope's time within m (inf when nothing fits)."""
+    k = _last_le(Ep, 0, ne, m)
+    return Et[k] if k >= 0 else np.inf
 
 
 @njit(cache=True)
@@ -191,20 +211,6 @@ def _first_at_most(Ep, Et, ne, tm):
         else:
             lo = mid + 1
     return Ep[lo] - 1 if lo < ne else np.int64(2**62)
-
-
-@njit(cache=True)
-def _last_le(P, lo, hi, v):
-    """The index of the last of P[lo:hi] (ascending) that is <= v; lo - 1 when none is."""
-    a = lo
-    b = hi
-    while a < b:
-        mid = (a + b) // 2
-        if P[mid] <= v:
-            a = mid + 1
-        else:
-            b = mid
-    return a - 1
 
 
 @njit(cache=True)
@@ -282,12 +288,7 @@ def _subchain(st, t, x, f, fn, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, P
         floor = max(max(xs + D + x[st] + tff[st], xs + before + s[st] + tfl[st]),
                     max(xs + s[st] + before + x[st] + tb[st + 1], b_peak))
         fb2 = fb + fn[st]
-        ns = 0
-        for q in range(o, o + nc):
-            pk = max(floor, PP[q] + xs)
-            if pk > cap:
-                break
-            ns = _push(Sp, St, Sc, ns, pk, PT[q] + fb2, LATE)
+        ns = _shifted(PP, PT, o, nc, floor, xs, fb2, cap, LATE, Sp, St, Sc)
         Ep, Et, Ec = _grow3(Ep, Et, Ec, ns)
         Ep[:ns] = Sp[:ns]
         Et[:ns] = St[:ns]
@@ -296,12 +297,7 @@ def _subchain(st, t, x, f, fn, b, s, tff, tfr, tfl, tb, cap, off, cnt, PP, PT, P
         # record s
         floor = max(r_peak, b_peak)
         sh = xs + s[st]
-        ns = 0
-        for q in range(o, o + nc):
-            pk = max(floor, PP[q] + sh)
-            if pk > cap:
-                break
-            ns = _push(Sp, St, Sc, ns, pk, PT[q] + fb, RECORD)
+        ns = _shifted(PP, PT, o, nc, floor, sh, fb, cap, RECORD, Sp, St, Sc)
         Fp, Ft, Fc = _grow3(Fp, Ft, Fc, ne + ns)
         ne = _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
         Ep, Fp = Fp, Ep
