@@ -30,7 +30,7 @@ import numpy as np
 
 from planner._optimal_dp import LATE, RECORD, Costs
 
-__all__ = ["available", "solve_compiled", "least_peak_compiled", "PoolFrontiers"]
+__all__ = ["available", "solve_compiled", "least_peak_compiled", "PoolFrontiers", "warm"]
 
 log = logging.getLogger(__name__)
 
@@ -519,3 +519,16 @@ def least_peak_compiled(c: Costs) -> int:
         return least_peak(c)
     x, _, _, _, s, tff, tfr, tfl, tb = _arrays(c)
     return int(_least_peak(x, s, tff, tfr, tfl, tb))
+
+
+def warm() -> float:
+    """Compile (or load from numba's cache) every kernel function; returns the seconds it took.
+    The Docker image calls it at build time so that the first plan in a container is fast."""
+    import time
+
+    t0 = time.perf_counter()
+    c = Costs(x=[1, 2, 3, 1], f=[0.0, 1.0, 1.0, 1.0], b=[0.0, 2.0, 2.0, 2.0], s=[0, 1, 1, 1],
+              tf_f=[0, 0, 0, 0], tf_r=[0, 0, 0, 0], tf_l=[0, 0, 0, 0], tb=[0, 0, 0, 0])
+    solve_compiled(c)
+    least_peak_compiled(c)
+    return time.perf_counter() - t0
