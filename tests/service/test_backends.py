@@ -15,6 +15,7 @@ import pytest
 
 from service.backends import backend_name, job_resources, make_worker
 from service.settings import Settings
+from tests.conftest import one_off_bytes
 from tests.service.server import ROOT, Server, wait_for
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -139,8 +140,9 @@ DETERMINISTIC = ("feasible", "n_stages", "fixed_bytes_per_gpu", "predicted_peak_
 # NOTE [ measured peak across processes ] The same cell measured in a fresh Ray worker and in this
 # long-lived test process has differed by one 4-byte scalar (in either direction, 2 runs in ~10):
 # which process history allocates it inside the window is not yet pinned down. Within one process
-# the peak repeats exactly (tests/profiler, tests/executor); across processes it is held to 16 B.
-PEAK_JITTER_BYTES = 16
+# the peak repeats exactly (tests/profiler, tests/executor); across processes it is held to 16 B,
+# plus one activation (NOTE [ a one-off block ] in tests/conftest.py; the cells' batch is 2 or less).
+PEAK_JITTER_BYTES = 16 + one_off_bytes(batch_size=2, block_size=16, n_embd=32)
 
 
 def test_sweep_on_ray_equals_the_local_backend(rc):
