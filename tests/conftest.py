@@ -20,8 +20,8 @@ settings.load_profile("memplan")
 # in a loop, twice in three full-suite runs on 2026-12-02), counted one activation-sized block
 # (batch x block_size x n_embd floats) more or less than usual at a peak: a profiled forward
 # measured it extra, a plain step once lacked it. Within one process the bytes otherwise repeat
-# exactly, the synthetic-chain tests hold to the byte, and the cause is not yet found (not the
-# event order: the streams differ in their allocations). Tests on tiny GPTs allow one such block.
+# exactly, the synthetic-chain tests hold to the byte, and the cause is not yet found (200 more
+# profiles in a loop did not reproduce it). Tests on tiny GPTs allow one such block.
 def one_off_bytes(*, batch_size: int, block_size: int, n_embd: int, elem_bytes: int = 4) -> int:
     """Bytes of one activation of a tiny GPT: the tolerance of NOTE [ a one-off block ]."""
     return batch_size * block_size * n_embd * elem_bytes
