@@ -8,7 +8,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
@@ -16,7 +16,8 @@ from service.jobs.store import JobStore
 from service.problems import ProblemError
 from service.settings import Settings
 
-__all__ = ["SettingsDep", "StoreDep", "require_api_key", "ApiKeyDep", "json_body", "body_openapi"]
+__all__ = ["SettingsDep", "StoreDep", "require_api_key", "ApiKeyDep", "json_body", "body_openapi",
+           "JobId", "IdempotencyKey", "PreferWait"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -31,6 +32,15 @@ def _store(request: Request) -> JobStore:
 
 SettingsDep = Annotated[Settings, Depends(_settings)]
 StoreDep = Annotated[JobStore, Depends(_store)]
+
+# the parameters every job resource (runs, profiles) takes
+JobId = Annotated[str, Path(min_length=1, max_length=64, description="the job's id")]
+IdempotencyKey = Annotated[
+    str | None, Header(min_length=1, max_length=255, description="same key, same body: same job")
+]
+PreferWait = Annotated[
+    str | None, Header(max_length=200, description="'wait=N': wait up to N s (at most 60)")
+]
 
 
 def require_api_key(

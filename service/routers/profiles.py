@@ -5,11 +5,20 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Header, Path, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.deps import SettingsDep, StoreDep, body_openapi, json_body, require_api_key
+from service.deps import (
+    IdempotencyKey,
+    JobId,
+    PreferWait,
+    SettingsDep,
+    StoreDep,
+    body_openapi,
+    json_body,
+    require_api_key,
+)
 from service.jobs.store import Job, JobState
 from service.problems import problem_responses
 from service.routers import _jobs
@@ -19,8 +28,6 @@ from service.routers.plans import OptionValue
 __all__ = ["router", "ProfileRequest"]
 
 router = APIRouter(prefix="/v1/profiles", tags=["profiles"], dependencies=[Depends(require_api_key)])
-
-JobId = Annotated[str, Path(min_length=1, max_length=64)]
 
 
 class ProfileRequest(BaseModel):
@@ -56,12 +63,8 @@ async def create_profile(
     body: Annotated[ProfileRequest, Depends(json_body(ProfileRequest))],
     store: StoreDep,
     settings: SettingsDep,
-    idempotency_key: Annotated[
-        str | None, Header(min_length=1, max_length=255, description="same key, same body: same job")
-    ] = None,
-    prefer: Annotated[
-        str | None, Header(max_length=200, description="'wait=N': wait up to N s (at most 60)")
-    ] = None,
+    idempotency_key: IdempotencyKey = None,
+    prefer: PreferWait = None,
 ) -> JSONResponse:
     return await _jobs.submit(
         kind="profile", body=body, base_path="/v1/profiles", store=store, settings=settings,

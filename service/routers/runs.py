@@ -5,11 +5,20 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.deps import SettingsDep, StoreDep, body_openapi, json_body, require_api_key
+from service.deps import (
+    IdempotencyKey,
+    JobId,
+    PreferWait,
+    SettingsDep,
+    StoreDep,
+    body_openapi,
+    json_body,
+    require_api_key,
+)
 from service.jobs.store import Job, JobState
 from service.problems import problem_responses
 from service.routers import _jobs
@@ -21,8 +30,6 @@ __all__ = ["router", "RunRequest"]
 router = APIRouter(prefix="/v1/runs", tags=["runs"], dependencies=[Depends(require_api_key)])
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-JobId = Annotated[str, Path(min_length=1, max_length=64, description="the job's id")]
 
 
 class RunRequest(BaseModel):
@@ -69,12 +76,8 @@ async def create_run(
     body: Annotated[RunRequest, Depends(json_body(RunRequest))],
     store: StoreDep,
     settings: SettingsDep,
-    idempotency_key: Annotated[
-        str | None, Header(min_length=1, max_length=255, description="same key, same body: same job")
-    ] = None,
-    prefer: Annotated[
-        str | None, Header(max_length=200, description="'wait=N': wait up to N s (at most 60)")
-    ] = None,
+    idempotency_key: IdempotencyKey = None,
+    prefer: PreferWait = None,
 ) -> JSONResponse:
     return await _jobs.submit(
         kind="run", body=body, base_path="/v1/runs", store=store, settings=settings,

@@ -88,6 +88,24 @@ class Server:
             self.proc.wait()
 
 
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def wait_finished(client, path: str, *, timeout_s: float = 30.0, every_s: float = 0.05) -> dict:
+    """GET `path` (a job) until its state is terminal; returns the job."""
+    return wait_for(lambda: (j := client.get(path).json())["state"] in TERMINAL and j,
+                    timeout_s=timeout_s, every_s=every_s, what=f"{path} to finish")
+
+
+def process_gone(pid: int) -> bool:
+    """True once no process has this pid."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def wait_for(predicate, *, timeout_s: float = 30.0, every_s: float = 0.05, what: str = "condition"):
     """Poll `predicate()` until it returns a truthy value (returned), or fail after `timeout_s`."""
     deadline = time.monotonic() + timeout_s

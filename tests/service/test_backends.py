@@ -16,9 +16,7 @@ import pytest
 from service.backends import backend_name, job_resources, make_worker
 from service.settings import Settings
 from tests.conftest import one_off_bytes
-from tests.service.server import ROOT, Server, wait_for
-
-TERMINAL = {"succeeded", "failed", "cancelled"}
+from tests.service.server import ROOT, Server, process_gone, wait_finished, wait_for
 
 
 def test_backend_is_chosen_by_the_settings(tmp_path):
@@ -66,8 +64,7 @@ def rc(ray_server):
 
 
 def _finish(c: httpx.Client, path: str, timeout_s: float = 90.0) -> dict:
-    return wait_for(lambda: (j := c.get(path).json())["state"] in TERMINAL and j,
-                    timeout_s=timeout_s, every_s=0.2, what=path)
+    return wait_finished(c, path, timeout_s=timeout_s, every_s=0.2)
 
 
 def test_ready_reports_the_cluster(rc):
@@ -99,14 +96,8 @@ def test_cancel_ends_the_task(rc, tmp_path):
     done = _finish(rc, f"/v1/runs/{job['id']}")
     assert done["state"] == "cancelled"
 
-    def gone() -> bool:  # ray.cancel(force=True) ends the task's worker process
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-    wait_for(gone, timeout_s=30, what="the task's process to end")
+    # ray.cancel(force=True) ends the task's worker process
+    wait_for(lambda: process_gone(pid), timeout_s=30, what="the task's process to end")
 
 
 def test_gpu_run_on_a_cluster_without_gpus_fails_clearly(rc):

@@ -8,17 +8,13 @@ import time
 import httpx
 import pytest
 
-from tests.service.server import wait_for
+from tests.service.server import process_gone, wait_finished, wait_for
 
 PROBLEM = "application/problem+json"
 
 
 def _finished(client: httpx.Client, location: str, timeout_s: float = 30.0) -> dict:
-    def done():
-        body = client.get(location).json()
-        return body if body["state"] in ("succeeded", "failed", "cancelled") else None
-
-    return wait_for(done, timeout_s=timeout_s, what=f"{location} to finish")
+    return wait_finished(client, location, timeout_s=timeout_s)
 
 
 def test_health_ready_info(client):
@@ -134,15 +130,8 @@ def test_cancel_queued_running_and_finished(client, tmp_path):
     job = _finished(client, loc)
     assert job["state"] == "cancelled" and job["progress"] < 1.0
 
-    def gone():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
     # the runner process has ended: its memory (host or device) is back with the system
-    wait_for(gone, timeout_s=10, what="the cancelled runner to exit")
+    wait_for(lambda: process_gone(pid), timeout_s=10, what="the cancelled runner to exit")
     again = client.post(loc + "/cancel")
     assert again.status_code == 200 and again.json()["state"] == "cancelled"
     done = client.post("/v1/runs", json={"steps": 1}, headers={"Prefer": "wait=30"})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.service.server import Server, wait_for
+from tests.service.server import Server, wait_finished, wait_for
 
 TINY = {"n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size": 64, "batch_size": 2}
 
@@ -22,8 +22,7 @@ def real_server(tmp_path_factory):
 
 
 def _finish(c: httpx.Client, loc: str) -> dict:
-    return wait_for(lambda: (j := c.get(loc).json())["state"] in ("succeeded", "failed", "cancelled") and j,
-                    timeout_s=240, every_s=0.5, what=loc)
+    return wait_finished(c, loc, timeout_s=240, every_s=0.5)
 
 
 @pytest.mark.slow
