@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from executor.report import ExecutorError
+from executor.run import make_optimizer, optimizer_step
 from executor.runner import ScheduleRunner
 from planner.schema import Plan
 
@@ -200,8 +201,6 @@ class LossCurve:
 
 
 def _adamw(params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    from executor.run import make_optimizer
-
     return make_optimizer(params, "adamw")
 
 
@@ -243,12 +242,7 @@ def train_curve(
         if not math.isfinite(loss):
             raise ExecutorError(f"step {step}: the loss is {loss} under {policy}; the run diverged")
         losses.append(loss)
-        if scaler:
-            scaler.unscale_(opt)
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
+        optimizer_step(opt, scaler)  # (GradScaler.step unscales first, as unscale_ did here)
         if on_step is not None:
             on_step(step, steps)
     if reference is None:

@@ -39,7 +39,7 @@ from executor.runner import ScheduleRunner, value_bytes
 from planner.schema import Plan, PlanError
 from profiler.schema import Profile, load_profile
 
-__all__ = ["run_plan", "check_plan", "fixed_bytes_of", "make_optimizer"]
+__all__ = ["run_plan", "check_plan", "fixed_bytes_of", "make_optimizer", "optimizer_step"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,16 @@ def make_optimizer(params: list[nn.Parameter], optimizer: str | Callable) -> tor
     raise ExecutorError(
         f"optimizer: unknown {optimizer!r}; use 'adamw', 'sgd', 'none' or a callable params -> optimizer"
     )
+
+
+def optimizer_step(opt: torch.optim.Optimizer, scaler=None) -> None:
+    """One optimizer step; through the gradient scaler when there is one (it unscales the
+    gradients, skips the step on infs or NaNs and updates its scale)."""
+    if scaler:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
 
 
 def fixed_bytes_of(stages: Sequence[nn.Module], opt: torch.optim.Optimizer | None) -> int:
@@ -293,17 +303,9 @@ def run_plan(
             loss_rel = max(loss_rel, lr.max_rel)
         records.append(rec)
         if opt is not None:
-            if scaler:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
+            optimizer_step(opt, scaler)
         if ref_opt is not None:
-            if ref_scaler:
-                ref_scaler.step(ref_opt)
-                ref_scaler.update()
-            else:
-                ref_opt.step()
+            optimizer_step(ref_opt, ref_scaler)
         if on_step is not None:
             on_step(step, steps)
 

@@ -86,6 +86,13 @@ def _job_line(job: dict) -> str:
     return f"{job['id']}  {job['state']:<9}  {job['progress']:>5.0%}  {job['message']}" + (f"  ({err})" if err else "")
 
 
+def _print_job(job: dict, json_out: bool) -> None:
+    if json_out:
+        echo_json(job)
+    else:
+        typer.echo(_job_line(job))
+
+
 @runs_app.command("list")
 @user_errors
 def runs_list(
@@ -114,10 +121,7 @@ def runs_show(
     """One run: state, progress, result or error."""
     with remote(server) as c:
         job = c.job("runs", run_id)
-    if json_out:
-        echo_json(job)
-    else:
-        typer.echo(_job_line(job))
+    _print_job(job, json_out)
 
 
 @runs_app.command("cancel")
@@ -130,10 +134,7 @@ def runs_cancel(
     """Cancel a run (a running one is stopped and its device memory freed)."""
     with remote(server) as c:
         job = c.cancel("runs", run_id)
-    if json_out:
-        echo_json(job)
-    else:
-        typer.echo(_job_line(job))
+    _print_job(job, json_out)
 
 
 @runs_app.command("watch")
