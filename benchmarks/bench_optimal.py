@@ -46,15 +46,6 @@ def gpt_chain(L: int) -> Profile:
     return Profile.model_validate(d)
 
 
-def budget_at(prof: Profile, frac: float) -> int:
-    least = least_peak(costs_of(prof))
-    top = plan_optimal(prof, None, exact_max_stages=10**6).predicted.peak_bytes if prof.n_stages <= 64 else None
-    if top is None:
-        c = costs_of(prof)
-        top = sum(c.x) + sum(c.s) + max(c.tf_r) + max(c.tb)
-    return int(least + frac * (top - least))
-
-
 def timed(fn):
     t0 = time.perf_counter()
     out = fn()
@@ -62,10 +53,14 @@ def timed(fn):
 
 
 def budgets(prof: Profile, fracs=(0.05, 0.15, 0.3)) -> list[int]:
-    """Budgets at `fracs` of the way from the least peak to a store-all bound (cheap at any L)."""
+    """Budgets (bytes) at `fracs` of the way from the least peak to store-all's: its exact peak up
+    to 64 stages, a cheap upper bound above."""
     c = costs_of(prof)
     least = least_peak(c)
-    top = sum(c.x) + sum(c.s) + max(c.tf_r) + max(c.tb)
+    if prof.n_stages <= 64:
+        top = plan_optimal(prof, None, mode="exact").predicted.peak_bytes
+    else:
+        top = sum(c.x) + sum(c.s) + max(c.tf_r) + max(c.tb)
     return [int(least + f * (top - least)) for f in fracs]
 
 
@@ -82,7 +77,7 @@ def main() -> None:
           f"{'vs python':>9} {'vs oracle':>9}")
     for L in ((20, 40) if quick else (20, 40, 60)):
         prof = slot_chain(L, seed=L)
-        B = budget_at(prof, 0.3)
+        B = budgets(prof, (0.3,))[0]
         c = costs_of(prof)
         plan, ours = timed(lambda: plan_optimal(prof, B, mode="exact"))
         _, t_py = timed(lambda: solve(c, cap=B))
