@@ -28,6 +28,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
+from planner.simulate import nograd_forward_s
+
 __all__ = ["Costs", "Frontiers", "solve", "costs_of", "schedule_ops", "least_peak", "group_costs",
            "expand_ops"]
 
@@ -62,8 +64,6 @@ class Costs:
 
 def costs_of(profile) -> Costs:
     """The chain model's costs of a Profile."""
-    from planner.simulate import nograd_forward_s
-
     layers = profile.layers
     tf = [0] + [la.forward_temp_bytes for la in layers]
     return Costs(

@@ -92,16 +92,7 @@ def _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Op, Ot, Oc):
         Ot[:ne] = Et[:ne]
         Oc[:ne] = Ec[:ne]
         return ne
-    i = 0
-    lo = 0
-    hi = ne
-    while lo < hi:  # i: E's points with a peak below S's first
-        mid = (lo + hi) // 2
-        if Ep[mid] < Sp[0]:
-            lo = mid + 1
-        else:
-            hi = mid
-    i = lo
+    i = _last_le(Ep, 0, ne, Sp[0] - 1) + 1  # E's points with a peak below S's first
     Op[:i] = Ep[:i]
     Ot[:i] = Et[:i]
     Oc[:i] = Ec[:i]
@@ -488,11 +479,6 @@ class PoolFrontiers:
         p, _, ch = self.point_arrays(st, t)
         k = int(np.searchsorted(p, m, side="right")) - 1
         return None if k < 0 else int(ch[k])
-
-    @property
-    def n_points(self) -> int:
-        """Points stored over all sub-chains."""
-        return int(self._peaks.shape[0])
 
 
 def solve_compiled(c: Costs, *, cap: int | None = None, _width: int = 256):

@@ -23,8 +23,6 @@ import math
 
 from planner._build import finish_plan, infeasible_plan, insert_drops
 from planner._optimal_dp import costs_of, expand_ops, group_costs, schedule_ops
-from planner._optimal_kernel import least_peak_compiled as least_peak
-from planner._optimal_kernel import solve_compiled as solve
 from planner.schema import Plan, PlanError
 from planner.simulate import _replay, store_all_time
 from profiler.schema import Profile
@@ -40,6 +38,21 @@ EXACT_MAX_STAGES = 200  # above this, group stages (exact takes 1-5 s at 200 on 
 EXACT_MAX_STAGES_UNCAPPED = 120
 DEFAULT_GROUPS = 150  # macro stages in grouped mode (1-4 s at 1,000 stages)
 MODES = ("auto", "exact", "slotted", "grouped")  # NOTE [ slotted mode and its bound ] for slotted
+
+
+def solve(c, *, cap: int | None = None):
+    """The compiled DP's frontiers (planner/_optimal_kernel.py). Imported on first use: numba's
+    import is most of `import planner`'s time, and baselines and the simulator never need it."""
+    from planner._optimal_kernel import solve_compiled
+
+    return solve_compiled(c, cap=cap)
+
+
+def least_peak(c) -> int:
+    """The least peak (bytes) of any schedule of the recurrence, compiled (see `solve`)."""
+    from planner._optimal_kernel import least_peak_compiled
+
+    return least_peak_compiled(c)
 
 
 def _groups(n_stages: int, groups: int) -> list[tuple[int, int]]:
