@@ -40,12 +40,13 @@ DEFAULT_GROUPS = 150  # macro stages in grouped mode (1-4 s at 1,000 stages)
 MODES = ("auto", "exact", "slotted", "grouped")  # NOTE [ slotted mode and its bound ] for slotted
 
 
-def solve(c, *, cap: int | None = None):
-    """The compiled DP's frontiers (planner/_optimal_kernel.py). Imported on first use: numba's
-    import is most of `import planner`'s time, and baselines and the simulator never need it."""
+def solve(c, *, cap: int | None = None, windowed: bool = False):
+    """The compiled DP's frontiers (planner/_optimal_kernel.py; `windowed`: NOTE [ windows ]
+    there). Imported on first use: numba's import is most of `import planner`'s time, and
+    baselines and the simulator never need it."""
     from planner._optimal_kernel import solve_compiled
 
-    return solve_compiled(c, cap=cap)
+    return solve_compiled(c, cap=cap, windowed=windowed)
 
 
 def least_peak(c) -> int:
@@ -73,9 +74,11 @@ def solve_frontier(
     cap_bytes: int | None = None,
     exact_max_stages: int | None = None,
     groups: int = DEFAULT_GROUPS,
+    windowed: bool = False,
 ) -> tuple[object, list[tuple[int, int]] | None]:
     """The DP's frontiers for `profile` (points above `cap_bytes` dropped; `top()` and `choice()`
-    as in `_optimal_dp.Frontiers`) and the stage groups used (None: exact, one per macro stage)."""
+    as in `_optimal_dp.Frontiers`; `windowed`: only what a plan within `cap_bytes` needs, and
+    `top()` is its one point) and the stage groups used (None: exact, one per macro stage)."""
     c = costs_of(profile)
     L = profile.n_stages
     bounds = None
@@ -86,7 +89,7 @@ def solve_frontier(
         c = group_costs(c, bounds)
         log.info("optimal: %d stages > exact_max_stages=%d; solving over %d groups",
                  L, exact_max_stages, len(bounds))
-    return solve(c, cap=cap_bytes), bounds
+    return solve(c, cap=cap_bytes, windowed=windowed), bounds
 
 
 def _ops_for(fr, bounds, peak: int, n_stages: int):
@@ -164,7 +167,8 @@ def plan_optimal(
     L = profile.n_stages
     cap = budget_bytes if max_overhead is None else None
     fr, bounds = solve_frontier(
-        profile, cap_bytes=cap, exact_max_stages=exact_max_stages, groups=groups
+        profile, cap_bytes=cap, exact_max_stages=exact_max_stages, groups=groups,
+        windowed=cap is not None,  # one point is wanted: the fastest within the budget
     )
     peaks, times = fr.top()
     options: dict = {"mode": "exact" if bounds is None else "grouped"}

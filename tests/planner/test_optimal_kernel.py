@@ -87,3 +87,49 @@ def test_nothing_fits_a_negative_or_tiny_cap():
     c = costs_of(worked_example())
     for cap in (-5, 0, 17):
         assert solve_compiled(c, cap=cap).top() == ([], [])
+
+
+def _fastest_within(fr, cap):
+    peaks, times = fr.top()
+    k = max((i for i, p in enumerate(peaks) if p <= cap), default=None)
+    return None if k is None else (peaks[k], times[k])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prof=random_chains(max_stages=9), cap_frac=st.floats(0.0, 1.2),
+       width=st.sampled_from([1, 256]), nograd=st.sampled_from([None, 0.5]))
+def test_windowed_point_is_the_references_point_at_the_budget(prof, cap_frac, width, nograd):
+    """NOTE [ windows ]: the one point of a windowed solve is the full frontier's point at the cap,
+    and its schedule (rebuilt at the cap or at the point's peak) replays to it."""
+    prof = _with_nograd(prof, nograd)
+    c = costs_of(prof)
+    cap = int(cap_frac * (sum(c.x) + sum(c.s) + 6))
+    want = _fastest_within(solve(c), cap)
+    got = solve_compiled(c, cap=cap, windowed=True, _width=width)
+    if want is None:
+        assert got.top() == ([], [])
+        return
+    (peak,), (time,) = got.top()
+    assert time == pytest.approx(want[1], rel=1e-12) and peak <= cap
+    for budget in (cap, peak):
+        sim = simulate(prof, insert_drops(schedule_ops(got, budget), prof.n_stages))
+        assert sim.valid, sim.error
+        assert sim.peak_bytes <= peak and sim.time_s == pytest.approx(time, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_windowed_on_sixty_stages_with_real_byte_sizes(seed):
+    """Many distinct peaks and windows that cut every frontier: the optimum at several budgets."""
+    r = random.Random(seed)
+    L = 60
+    prof = chain([r.randint(1, 10**9) for _ in range(L + 1)], [r.uniform(0.1, 2) for _ in range(L)],
+                 [r.uniform(0.1, 4) for _ in range(L)], [r.randint(0, 2 * 10**9) for _ in range(L)],
+                 [r.randint(0, 10**8) for _ in range(L)], [r.randint(0, 10**8) for _ in range(L)])
+    c = costs_of(prof)
+    full = solve_compiled(c)
+    peaks, times = full.top()
+    for q in (0.05, 0.3, 0.7):
+        cap = peaks[0] + int(q * (peaks[-1] - peaks[0]))
+        got = solve_compiled(c, cap=cap, windowed=True)
+        assert got.top()[1][0] == pytest.approx(_fastest_within(full, cap)[1], rel=1e-12)
+        assert len(got._peaks) < len(full._peaks)  # the windows cut the frontiers
