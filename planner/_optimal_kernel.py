@@ -27,9 +27,9 @@ whole chain down (`_windows`). So each sub-chain needs its frontier only from lo
 point in force there, at its own peak) up to B: a window. Long sub-chains near the chain's start
 have narrow windows (the whole chain's is one point), and they are the expensive ones: at 200
 stages the walks do half to a quarter of the steps. Every window holds the exact frontier, so
-the point at B is the exact optimum. One difference from the full solve: where two points' times
-differ by under the 1e-12 tie tolerance, the full frontier keeps the lower peak and a window may
-keep the later one if the lower lies below lo: same time (to 1e-12), a peak still within B.
+the point at B is the exact optimum. Each choice's point in force at lo enters the envelope at its
+own peak (which may lie below lo) and is tested there, so that where times tie the lower peak wins,
+as in the full frontier: the point at B is the full frontier's, peak and time.
 """
 
 from __future__ import annotations
@@ -238,11 +238,16 @@ def _split_points(PP, PT, oR, nR, oL, nL, xs, fsum, fastest, fwd, m0, m1, sp, Ep
     j = np.uint64(_gallop(PP, oL, oL + nL, m0))
     one = np.uint64(1)
     v = fsum + PT[i] + PT[j]
-    if e < 0 or v < Et[e] - abs(Et[e]) * 1e-12:
-        ns = _push(Sp, St, Sc, ns, max(max(PP[i] + xs, PP[j]), fwd), v, sp)
+    p = max(max(PP[i] + xs, PP[j]), fwd)
+    # tested against E at its own peak, which may lie below m0 in a window: where times tie, the
+    # lower peak wins, as in the full frontier (NOTE [ windows ])
+    e0 = _last_le(Ep, 0, e + 1, p)
+    if e0 < 0 or v < Et[e0] - abs(Et[e0]) * 1e-12:
+        ns = _push(Sp, St, Sc, ns, p, v, sp)
     nr = PP[i + one] + xs
     nl = PP[j + one]
     m = min(nr, nl)
+    Ep[ne] = _BIG  # (E may be empty)
     while e < 0 and m <= m1:  # below E's first point: every point of S enters
         if Ep[0] <= m:
             e = 0
@@ -256,7 +261,6 @@ def _split_points(PP, PT, oR, nR, oL, nL, xs, fsum, fastest, fwd, m0, m1, sp, Ep
     if e < 0:
         return ns
     k = np.uint64(e)
-    Ep[ne] = _BIG
     while m <= m1:
         i += np.uint64(nr == m)
         j += np.uint64(nl == m)
@@ -338,13 +342,14 @@ def _subchain(st, t, x, f, fn, b, s, tff, tfr, tfl, tb, cap, lo, off, cnt, PP, P
             continue
         oR = off[sp, t]
         oL = off[st, sp - 1]
-        m = max(max(max(PP[oR] + xs, PP[oL]), fwd), lo)
+        least = max(max(PP[oR] + xs, PP[oL]), fwd)  # below this peak the split has nothing
+        m = max(least, lo)
         if m > cap:
             continue
         fastest = fsum + PT[oR + nR - 1] + PT[oL + nL - 1]
         e = _gallop(Ep, 0, ne, m)  # the envelope's point in force at m
-        if e >= 0 and Et[e] <= fastest:
-            continue  # nothing this split offers beats the envelope
+        if e >= 0 and Et[e] <= fastest and (Ep[e] <= least or Et[e] < fastest - abs(fastest) * 1e-12):
+            continue  # nothing this split offers beats the envelope, or ties it at a lower peak
         # (grown only when short: a call that returns arrays costs their reference counts, and
         # at 200 stages that was a tenth of the solve)
         if nR + nL + 1 > Sp.shape[0]:
