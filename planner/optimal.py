@@ -7,8 +7,8 @@ the least memory whose time is at most (1 + max_overhead) x the store-all time).
 
 NOTE [ exact and approximate modes ]
 The exact frontier DP costs about L^3 x (frontier size) steps; compiled (planner/_optimal_kernel.py)
-that is a tenth of a second at 60 stages and one to five seconds at 200 on two cores
-(docs/planner.md has the measurements). Above `exact_max_stages` stages the planner groups
+that is a tenth of a second at 60 stages and 0.4-1.2 s at 200 on two cores for a plan at one budget
+(windowed, NOTE [ windows ]; docs/planner.md has the measurements). Above `exact_max_stages` stages the planner groups
 consecutive stages into macro stages and solves the same recurrence exactly over them: every
 schedule it returns is a valid schedule of the original chain and its prediction is a replay, but
 schedules that cut inside a group are not searched. The plan says so (`options["mode"] ==
@@ -32,7 +32,7 @@ __all__ = ["plan_optimal", "solve_frontier", "EXACT_MAX_STAGES", "EXACT_MAX_STAG
 
 log = logging.getLogger(__name__)
 
-EXACT_MAX_STAGES = 200  # above this, group stages (exact takes 1-5 s at 200 on two cores)
+EXACT_MAX_STAGES = 200  # above this, group stages (exact, windowed: 0.4-1.2 s at 200 on two cores)
 # without a budget (max_overhead, the fastest plan, the frontier) nothing caps the frontiers, which
 # are then several times larger: exact takes 1-1.5 s at 100 stages and ~10 s at 200
 EXACT_MAX_STAGES_UNCAPPED = 120
