@@ -67,14 +67,18 @@ def test_equals_the_reference(prof, cap_frac, width, nograd):
     assert least_peak_compiled(c) == least_peak(c)
 
 
+def _real_bytes_chain(L, seed):
+    """Large, distinct byte sizes (frontiers with many points) and float times."""
+    r = random.Random(seed)
+    return chain([r.randint(1, 10**9) for _ in range(L + 1)], [r.uniform(0.1, 2) for _ in range(L)],
+                 [r.uniform(0.1, 4) for _ in range(L)], [r.randint(0, 2 * 10**9) for _ in range(L)],
+                 [r.randint(0, 10**8) for _ in range(L)], [r.randint(0, 10**8) for _ in range(L)])
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_thirty_stage_chains_with_real_byte_sizes(seed):
     """Large, distinct sizes (so frontiers have many points) and float times."""
-    r = random.Random(seed)
-    L = 30
-    prof = chain([r.randint(1, 10**9) for _ in range(L + 1)], [r.uniform(0.1, 2) for _ in range(L)],
-                 [r.uniform(0.1, 4) for _ in range(L)], [r.randint(0, 2 * 10**9) for _ in range(L)],
-                 [r.randint(0, 10**8) for _ in range(L)], [r.randint(0, 10**8) for _ in range(L)])
+    prof = _real_bytes_chain(30, seed)
     c = costs_of(prof)
     ref = solve(c)
     assert len(ref.top()[0]) > 20
@@ -120,11 +124,7 @@ def test_windowed_point_is_the_references_point_at_the_budget(prof, cap_frac, wi
 @pytest.mark.parametrize("seed", [0, 1])
 def test_windowed_on_sixty_stages_with_real_byte_sizes(seed):
     """Many distinct peaks and windows that cut every frontier: the optimum at several budgets."""
-    r = random.Random(seed)
-    L = 60
-    prof = chain([r.randint(1, 10**9) for _ in range(L + 1)], [r.uniform(0.1, 2) for _ in range(L)],
-                 [r.uniform(0.1, 4) for _ in range(L)], [r.randint(0, 2 * 10**9) for _ in range(L)],
-                 [r.randint(0, 10**8) for _ in range(L)], [r.randint(0, 10**8) for _ in range(L)])
+    prof = _real_bytes_chain(60, seed)
     c = costs_of(prof)
     full = solve_compiled(c)
     peaks, times = full.top()
