@@ -7,8 +7,9 @@ the least memory whose time is at most (1 + max_overhead) x the store-all time).
 
 NOTE [ exact and approximate modes ]
 The exact frontier DP costs about L^3 x (frontier size) steps; compiled (planner/_optimal_kernel.py)
-that is a tenth of a second at 60 stages and 0.4-1.2 s at 200 on two cores for a plan at one budget
-(windowed, NOTE [ windows ]; docs/planner.md has the measurements). Above `exact_max_stages` stages the planner groups
+that is a tenth of a second at 60 stages and 0.4-1.2 s at 200 on two cores for a plan at one
+budget (windowed: NOTE [ windows ] there; docs/planner.md has the measurements). Above
+`exact_max_stages` stages the planner groups
 consecutive stages into macro stages and solves the same recurrence exactly over them: every
 schedule it returns is a valid schedule of the original chain and its prediction is a replay, but
 schedules that cut inside a group are not searched. The plan says so (`options["mode"] ==
