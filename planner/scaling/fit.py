@@ -13,8 +13,9 @@ gradient tiny, so L-BFGS's tolerance stops it long before the optimum; Epoch tra
 odd constants to this. Summing keeps the scale at ~1e-3 (and tolerances are tight anyway).
 
 NOTE [ the global search ]
-The objective has local minima (from a single start at zero, L-BFGS ends near A = 1000, B = 500
-on Epoch's data, a much worse fit). Two global searches:
+The objective has local minima (on Epoch's data single L-BFGS starts stop near A = 1000, B = 500
+or A = 1, B = 1, fits 1.2-20x worse; which start falls in depends on the installed scipy and numpy). Two global
+searches:
 - `method="grid"`: Epoch's full initialisation grid, alpha, beta in {0, 0.5, ..., 2},
   e in {-1, -0.5, ..., 1}, a, b in {0, 5, ..., 25} (4500 L-BFGS starts), the best result kept.
 - `method="varpro"` (default, ~100x faster): variable projection. For fixed (alpha, beta) the model
