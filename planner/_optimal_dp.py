@@ -3,18 +3,27 @@
 NOTE [ the recurrence ]
 Beaumont et al. 2019 ("Optimal checkpointing for heterogeneous chains", the rotor paper) solve
 sub-chains s..t: a_{s-1} is live, and so is the gradient d_t of the sub-chain's output (for t = L
-the loss creates d_L instead); run B t..s, ending with d_{s-1} live and a_{s-1} freed. Two choices:
+the loss creates d_L instead); run B t..s, ending with d_{s-1} live and a_{s-1} freed. Their two
+choices, and a third that the chain model needs:
 
-  record  `R s`, solve s+1..t above the record s_s (which pins a_{s-1}), then `B s`;
-  split   `F s..s'-1` keeping only a_{s'-1}, solve s'..t above a_{s-1}, then solve s..s'-1.
+  record      `R s`, solve s+1..t above the record s_s (which pins a_{s-1}), then `B s`;
+  split       `F s..s'-1` keeping only a_{s'-1}, solve s'..t above a_{s-1}, then solve s..s'-1;
+  late split  the same forwards and right part, but the left part s..s'-1 starts just before the
+              right part's last op `B s'`, while a_{s'-1} is still live: its `R s'-1` then costs
+              no new x_{s'-1} (the chain model's "x_i (if new)"), at the price of holding the
+              right part's last state a_{s'-1}, s_{s'}, d_{s'} meanwhile.
 
-Under ../shared/docs/chain-model.md every op's "bytes live during" is a sum of the sizes that the
-sub-chain owns plus what its ancestors hold, so each sub-chain's best time is a step function of the
-memory it may use. We keep that function exactly, as its Pareto points (peak bytes, seconds), not
-on a grid of memory slots: peaks are integers, so nothing is rounded and nothing is lost. Combining
-two children is a merge of two staircases (sizes add, times add); the sub-chain's frontier is the
-lower envelope over its choices. Peaks count the sub-chain's own a_{s-1} and d_t; a parent adds
-what it holds during the child (a_{s-1} for a split's right part, a_{s-1} + s_s for a record).
+The late split's left part is a second family of sub-problems, Q(s, j) (NOTE [ late left parts ]
+Q(., j) is worth solving only where its one-stage case beats the plain one: Q(j, j)'s peak
+(`R j` on the live a_j, `B j+1` above s_j, `B j`) below P(j, j)'s (`R j`, `B j` with d_j live),
+at the same time f_j + b_j (`late_useful`). Otherwise Q(j, j) >= P(j, j) pointwise, and by
+induction over s every Q(s, j) >= P(s, j) pointwise: each choice of Q(s, j) is the same choice of
+P(s, j) with children that are no better and floors that are no lower (Q holds a_j, s_{j+1},
+d_{j+1} where P holds d_j = x_j). A late split whose left part is Q(s, j) is then never better
+than the plain split at the same point, so neither family computes it. Since Q(j, j) pays for
+`B j+1` with s_j live, it helps only where `R j`'s transient is larger than s_{j+1} + x_{j+1}
+plus `B j+1`'s transient: never on transformer chains (the recurrence is then Beaumont's), at
+about one boundary in twenty on the random chains of the tests.
 
 NOTE [ macro stages ]
 The approximate mode groups consecutive stages into macro stages and solves this same recurrence on
@@ -31,10 +40,9 @@ from dataclasses import dataclass
 from planner.simulate import nograd_forward_s
 
 __all__ = ["Costs", "Frontiers", "solve", "costs_of", "schedule_ops", "least_peak", "group_costs",
-           "expand_ops"]
+           "expand_ops", "late_useful", "late_useful_of"]
 
-RECORD = 0  # choice code: record stage s; a split stores s' (>= s+1)
-LATE = -1  # choice code: F s keeping a_s, solve s+1..t, and `R s` just before its last `B s+1`
+RECORD = 0  # choice code: record stage s; a split stores s' (>= s+1), a late split -s'
 
 
 @dataclass(frozen=True)
@@ -47,7 +55,7 @@ class Costs:
     s: list[int]  # saved (record) bytes
     tf_f: list[int]  # transient bytes of an unrecorded forward
     tf_r: list[int]  # transient bytes of a recorded forward
-    tf_l: list[int]  # ... of a recorded forward whose output is already live (the late record)
+    tf_l: list[int]  # ... of a recorded forward whose output is already live (late splits)
     tb: list[int]  # transient bytes of a backward (may be negative for macro stages)
     fn: list[float] | None = None  # seconds of an unrecorded forward `F` (None: f); see
     # NOTE [ no-grad forward time ] in planner/simulate.py
@@ -79,15 +87,45 @@ def costs_of(profile) -> Costs:
     )
 
 
+def late_useful(c: Costs) -> list[bool]:
+    """useful[j] (j = 1..L-1; False at 0 and L): whether late left parts ending at j, Q(., j),
+    can beat the plain ones (NOTE [ late left parts ])."""
+    return late_useful_of(c.x, c.s, c.tf_r, c.tf_l, c.tb)
+
+
+def late_useful_of(x, s, tf_r, tf_l, tb) -> list[bool]:
+    """`late_useful` from the size lists (bytes, or slots), indexed as in `Costs`."""
+    L = len(x) - 1
+    out = [False] * (L + 1)
+    for j in range(1, L):
+        xs, hold = x[j - 1], x[j] + s[j + 1] + x[j + 1]
+        b_peak = 2 * xs + s[j] + x[j] + tb[j]
+        plain = max(xs + 2 * x[j] + s[j] + tf_r[j], b_peak)  # P(j, j): R j, B j
+        late = max(xs + hold + s[j] + tf_l[j], xs + s[j] + hold + x[j] + tb[j + 1], b_peak)
+        out[j] = late < plain
+    return out
+
+
+def held_before(c: Costs, j: int) -> int:
+    """Bytes of the state before `B j+1` that a late left part Q(., j) starts above:
+    a_j, the record s_{j+1} and the gradient d_{j+1}."""
+    return c.x[j] + c.s[j + 1] + c.x[j + 1]
+
+
 @dataclass
 class Frontiers:
     """Pareto frontiers of every sub-chain: `peaks[s][t]` ascending, `times[s][t]` descending,
-    `choices[s][t]` the choice of each point (RECORD or the split s')."""
+    `choices[s][t]` the choice of each point (RECORD, a split s' or a late split -s'); the same
+    for the late left parts Q(s, j) in `q_peaks`, `q_times`, `q_choices` (empty where not
+    computed: NOTE [ late left parts ])."""
 
     costs: Costs
     peaks: list[list[list[int]]]
     times: list[list[list[float]]]
     choices: list[list[list[int]]]
+    q_peaks: list[list[list[int]]]
+    q_times: list[list[list[float]]]
+    q_choices: list[list[list[int]]]
     cap: int | None
 
     def top(self) -> tuple[list[int], list[float]]:
@@ -95,10 +133,12 @@ class Frontiers:
         L = self.costs.L
         return self.peaks[1][L], self.times[1][L]
 
-    def choice(self, st: int, t: int, m: int) -> int | None:
-        """The choice of sub-chain st..t's fastest point within m bytes (None: nothing fits)."""
-        k = bisect_right(self.peaks[st][t], m) - 1
-        return None if k < 0 else self.choices[st][t][k]
+    def choice(self, st: int, t: int, m: int, *, late: bool = False) -> int | None:
+        """The choice of sub-chain st..t's fastest point within m bytes (None: nothing fits);
+        `late`: of the late left part Q(st, t)."""
+        P, C = (self.q_peaks, self.q_choices) if late else (self.peaks, self.choices)
+        k = bisect_right(P[st][t], m) - 1
+        return None if k < 0 else C[st][t][k]
 
 
 def _rel_eps(t: float) -> float:
@@ -112,59 +152,63 @@ def solve(c: Costs, *, cap: int | None = None) -> Frontiers:
     bytes; None keeps all). Returns `Frontiers`; the whole chain's is `peaks[1][L]`."""
     L = c.L
     x, f, b, s, tff, tfr, tfl, tb = c.x, c.f, c.b, c.s, c.tf_f, c.tf_r, c.tf_l, c.tb
-    fn = c.f_nograd  # `F` ops: the split's forwards and the late record's first forward
-    big = cap if cap is not None else None
-    P: list[list[list[int]]] = [[[] for _ in range(L + 1)] for _ in range(L + 2)]
-    T: list[list[list[float]]] = [[[] for _ in range(L + 1)] for _ in range(L + 2)]
-    C: list[list[list[int]]] = [[[] for _ in range(L + 1)] for _ in range(L + 2)]
-    for t in range(1, L + 1):
-        D = x[t] if t < L else 0  # the gradient d_t, live throughout (t = L: made by the loss)
-        for st in range(t, 0, -1):
-            xs = x[st - 1]
-            cand: list[tuple[int, float, int]] = []
-            # record s
-            r_peak = xs + D + x[st] + s[st] + tfr[st]
-            b_peak = xs + s[st] + x[st] + xs + tb[st]
-            fb = f[st] + b[st]
-            if st == t:
-                if t == L:
-                    pk = max(r_peak, xs + s[st] + 2 * x[st], b_peak)
-                else:
-                    pk = max(r_peak, b_peak)
-                cand.append((pk, fb, RECORD))
+    fn = c.f_nograd  # `F` ops: the splits' forwards
+    useful = late_useful(c)
+
+    def table():
+        return [[[] for _ in range(L + 1)] for _ in range(L + 2)]
+
+    P, T, C = table(), table(), table()
+    QP, QT, QC = table(), table(), table()
+
+    def subchain(st: int, t: int, late: bool):
+        """Candidates of P(st, t), or of Q(st, t) when `late`; their envelope."""
+        own_p, own_t = (QP, QT) if late else (P, T)
+        xs = x[st - 1]
+        # what the sub-chain holds throughout besides a_{s-1}: d_t, or the state before B t+1
+        hold = held_before(c, t) if late else (x[t] if t < L else 0)
+        cand: list[tuple[int, float, int]] = []
+        b_peak = xs + s[st] + x[st] + xs + tb[st]
+        fb = f[st] + b[st]
+        if st == t:
+            if late:  # `R t` on the live a_t, then `B t+1` above the record s_t, then `B t`
+                pk = max(xs + hold + s[st] + tfl[st], xs + s[st] + hold + x[st] + tb[st + 1],
+                         b_peak)
             else:
-                floor = max(r_peak, b_peak)
-                sh = xs + s[st]
-                for p, tm in zip(P[st + 1][t], T[st + 1][t], strict=True):
-                    cand.append((max(floor, p + sh), tm + fb, RECORD))
-                # late record: `F s` keeps a_s for the child; `R s` runs while a_s is still live,
-                # just before the child's last op `B s+1` (whose state is always a_s, s_{s+1},
-                # d_{s+1}), so it costs s_s without x_s, at the price of a second forward of s
-                before = x[st] + s[st + 1] + x[st + 1]
-                floor = max(
-                    xs + D + x[st] + tff[st],  # F s
-                    xs + before + s[st] + tfl[st],  # R s (a_s is live: no new x_s)
-                    xs + s[st] + before + x[st] + tb[st + 1],  # B s+1 above the record s_s
-                    b_peak,
-                )
-                fb2 = fb + fn[st]
-                for p, tm in zip(P[st + 1][t], T[st + 1][t], strict=True):
-                    cand.append((max(floor, p + xs), tm + fb2, LATE))
-            # split at s': F s..s'-1 keeping a_{s'-1}
-            fwd = 0
-            fsum = 0.0
-            for sp in range(st + 1, t + 1):
-                k = sp - 1  # the forward F k runs now, a_{k-1} freed after it unless k = s
-                fwd = max(fwd, xs + D + (x[k - 1] if k > st else 0) + x[k] + tff[k])
-                fsum += fn[k]
-                Rp, Rt = P[sp][t], T[sp][t]
-                Lp, Lt = P[st][sp - 1], T[st][sp - 1]
-                if not Rp or not Lp:
-                    continue
-                _merge(Rp, Rt, xs, Lp, Lt, fwd, fsum, sp, cand)
-            pk_l, tm_l, ch_l = _envelope(cand, big)
-            P[st][t], T[st][t], C[st][t] = pk_l, tm_l, ch_l
-    return Frontiers(costs=c, peaks=P, times=T, choices=C, cap=cap)
+                r_peak = xs + hold + x[st] + s[st] + tfr[st]
+                pk = max(r_peak, b_peak, xs + s[st] + 2 * x[st] if t == L else r_peak)
+            cand.append((pk, fb, RECORD))
+        else:  # record s
+            floor = max(xs + hold + x[st] + s[st] + tfr[st], b_peak)
+            sh = xs + s[st]
+            for p, tm in zip(own_p[st + 1][t], own_t[st + 1][t], strict=True):
+                cand.append((max(floor, p + sh), tm + fb, RECORD))
+        # splits at s': F s..s'-1 keeping a_{s'-1}; then the right part s'..t, and the left part
+        # s..s'-1 after it (plain) or from just before its last op (late)
+        fwd = 0
+        fsum = 0.0
+        for sp in range(st + 1, t + 1):
+            k = sp - 1  # the forward F k runs now, a_{k-1} freed after it unless k = s
+            fwd = max(fwd, xs + hold + (x[k - 1] if k > st else 0) + x[k] + tff[k])
+            fsum += fn[k]
+            Rp, Rt = own_p[sp][t], own_t[sp][t]
+            if not Rp:
+                continue
+            if P[st][sp - 1]:
+                _merge(Rp, Rt, xs, P[st][sp - 1], T[st][sp - 1], fwd, fsum, sp, cand)
+            if useful[sp - 1] and QP[st][sp - 1]:
+                _merge(Rp, Rt, xs, QP[st][sp - 1], QT[st][sp - 1], fwd, fsum, -sp, cand)
+        return _envelope(cand, cap)
+
+    for t in range(1, L + 1):
+        # Q(., t-1) first: P(st, t)'s late split at s' = t needs Q(st, t-1)
+        if useful[t - 1]:
+            for st in range(t - 1, 0, -1):
+                QP[st][t - 1], QT[st][t - 1], QC[st][t - 1] = subchain(st, t - 1, True)
+        for st in range(t, 0, -1):
+            P[st][t], T[st][t], C[st][t] = subchain(st, t, False)
+    return Frontiers(costs=c, peaks=P, times=T, choices=C, q_peaks=QP, q_times=QT, q_choices=QC,
+                     cap=cap)
 
 
 def _merge(Rp, Rt, shift, Lp, Lt, floor, add, choice, out) -> None:
@@ -219,41 +263,38 @@ def schedule_ops(fr, budget: int) -> list[tuple]:
 
 
 def build_ops(L: int, x, s, budget: int, choose, *, unit: str) -> list[tuple]:
-    """Compute ops from a solved recurrence: `choose(st, t, m)` gives sub-chain st..t's choice
-    within m units (RECORD, LATE, a split point, or None when nothing fits); x and s are the
-    sizes in those units, indexed as in `Costs`."""
+    """Compute ops from a solved recurrence: `choose(st, t, m, late=...)` gives sub-chain st..t's
+    choice within m units (RECORD, a split s', a late split -s', or None when nothing fits), of
+    the late left part Q(st, t) when `late`; x and s are the sizes in those units, as in `Costs`."""
     out: list[tuple] = []
-    stack: list[tuple[int, int, int]] = [(1, L, budget)]
-    # an explicit stack (the recursion is L deep); each entry solves sub-chain (s, t) within m.
-    # Children run in order: a split's right part, then its left part.
+    # an explicit stack (the recursion is L deep): (late, st, t, m, skip) solves P(st, t) or
+    # Q(st, t) within m; `skip`: leave out its last op `B st` (a late split's left part runs it);
+    # st == 0 is a marker that emits `B t`. Children run in order: right part, then left part.
+    stack: list[tuple[bool, int, int, int, bool]] = [(False, 1, L, budget, False)]
     while stack:
-        st, t, m = stack.pop()
-        if st == 0:  # a marker: emit `B t`
+        late, st, t, m, skip = stack.pop()
+        if st == 0:
             out.append(("B", t))
             continue
-        if st < 0:  # a marker: `R t` goes before the last op emitted (the child's `B t+1`)
-            out.insert(len(out) - 1, ("R", t))
-            continue
-        ch = choose(st, t, m) if m >= 0 else None
+        ch = choose(st, t, m, late=late) if m >= 0 else None
         if ch is None:
             raise ValueError(f"sub-chain {st}..{t} does not fit {m} {unit}")
         xs = x[st - 1]
-        if ch == LATE:
-            out.append(("F", st))
-            stack.append((0, st, 0))
-            stack.append((-1, st, 0))
-            stack.append((st + 1, t, m - xs))
-        elif ch == RECORD:
+        if ch == RECORD:
+            if not skip:
+                stack.append((False, 0, st, 0, False))
             out.append(("R", st))
-            stack.append((0, st, 0))
             if st < t:
-                stack.append((st + 1, t, m - xs - s[st]))
+                stack.append((late, st + 1, t, m - xs - s[st], False))
+            elif late:
+                out.append(("B", t + 1))  # the right part's last op, now that s_t is recorded
             elif t == L:
                 out.append(("loss",))
         else:
-            out.extend(("F", i) for i in range(st, ch))
-            stack.append((st, ch - 1, m))  # left part, after the right part
-            stack.append((ch, t, m - xs))
+            sp = abs(ch)
+            out.extend(("F", i) for i in range(st, sp))
+            stack.append((ch < 0, st, sp - 1, m, skip))  # left part (ends with B st), after
+            stack.append((late, sp, t, m - xs, ch < 0))
     return out
 
 
@@ -262,30 +303,41 @@ def least_peak(c: Costs) -> int:
     whole chain's frontier, by the same recurrence on scalars (no times, so it is O(L^3) cheap)."""
     L = c.L
     x, s, tff, tfr, tfl, tb = c.x, c.s, c.tf_f, c.tf_r, c.tf_l, c.tb
-    M = [[0] * (L + 1) for _ in range(L + 2)]
-    for t in range(1, L + 1):
-        D = x[t] if t < L else 0
-        for st in range(t, 0, -1):
-            xs = x[st - 1]
-            r_peak = xs + D + x[st] + s[st] + tfr[st]
-            b_peak = xs + s[st] + x[st] + xs + tb[st]
-            if st == t:
-                best = max(r_peak, b_peak, xs + s[st] + 2 * x[st] if t == L else r_peak)
+    useful = late_useful(c)
+    big = 2**62
+    M = [[big] * (L + 1) for _ in range(L + 2)]
+    MQ = [[big] * (L + 1) for _ in range(L + 2)]
+
+    def least(st: int, t: int, late: bool) -> int:
+        own = MQ if late else M
+        xs = x[st - 1]
+        hold = held_before(c, t) if late else (x[t] if t < L else 0)
+        b_peak = xs + s[st] + x[st] + xs + tb[st]
+        if st == t:
+            if late:
+                best = max(xs + hold + s[st] + tfl[st], xs + s[st] + hold + x[st] + tb[st + 1],
+                           b_peak)
             else:
-                child = M[st + 1][t]
-                best = max(r_peak, b_peak, child + xs + s[st])
-                before = x[st] + s[st + 1] + x[st + 1]
-                late = max(xs + D + x[st] + tff[st], xs + before + s[st] + tfl[st],
-                           xs + s[st] + before + x[st] + tb[st + 1], b_peak, child + xs)
-                best = min(best, late)
-            fwd = 0
-            for sp in range(st + 1, t + 1):
-                k = sp - 1
-                fwd = max(fwd, xs + D + (x[k - 1] if k > st else 0) + x[k] + tff[k])
-                if fwd >= best:
-                    break
-                best = min(best, max(fwd, M[sp][t] + xs, M[st][sp - 1]))
-            M[st][t] = best
+                r_peak = xs + hold + x[st] + s[st] + tfr[st]
+                best = max(r_peak, b_peak, xs + s[st] + 2 * x[st] if t == L else r_peak)
+        else:
+            best = max(xs + hold + x[st] + s[st] + tfr[st], b_peak, own[st + 1][t] + xs + s[st])
+        fwd = 0
+        for sp in range(st + 1, t + 1):
+            k = sp - 1
+            fwd = max(fwd, xs + hold + (x[k - 1] if k > st else 0) + x[k] + tff[k])
+            if fwd >= best:
+                break  # the forward's peak only grows with s'
+            left = min(M[st][sp - 1], MQ[st][sp - 1] if useful[sp - 1] else big)
+            best = min(best, max(fwd, own[sp][t] + xs, left))
+        return best
+
+    for t in range(1, L + 1):
+        if useful[t - 1]:
+            for st in range(t - 1, 0, -1):
+                MQ[st][t - 1] = least(st, t - 1, True)
+        for st in range(t, 0, -1):
+            M[st][t] = least(st, t, False)
     return M[1][L]
 
 

@@ -15,9 +15,10 @@ and make it fast:
 - Sub-chains of one length depend only on shorter ones: they are solved in parallel (numba's
   threads), each worker writing to a staging row that is copied into the pool afterwards.
 
-Exact ties (same peak, same time) keep the earlier choice in the order LATE, RECORD, splits
-ascending, as the reference does; times that differ by under 1e-12 relative count as ties in both.
-Results equal the reference's (tests/planner/test_optimal_kernel.py).
+Exact ties (same peak, same time) keep the earlier choice in the order RECORD, then the splits
+ascending, each before its late twin; times that differ by under 1e-12 relative count as ties, as
+in the reference. Peaks and times equal the reference's (tests/planner/test_optimal_kernel.py);
+on exact ties the choice may differ (the reference sorts by choice code), never the point.
 
 NOTE [ windows ]
 A plan wants one point: the fastest schedule within the budget B. A sub-chain is then asked for
@@ -40,7 +41,7 @@ import threading
 
 import numpy as np
 
-from planner._optimal_dp import LATE, RECORD, Costs
+from planner._optimal_dp import RECORD, Costs, late_useful
 
 __all__ = ["available", "solve_compiled", "least_peak_compiled", "PoolFrontiers", "warm"]
 
@@ -280,93 +281,96 @@ def _split_points(PP, PT, oR, nR, oL, nL, xs, fsum, fastest, fwd, m0, m1, sp, Ep
 
 
 @njit(cache=True)
-def _subchain(st, t, x, f, fn, b, s, tff, tfr, tfl, tb, cap, lo, off, cnt, PP, PT, PC, W):
-    """The frontier of sub-chain st..t into the work arrays W = (E, F, S) x (peaks, times,
-    choices), from the frontiers of shorter sub-chains in the pool (PP, PT, PC) at (off, cnt),
-    from its point in force at `lo` bytes up to `cap` (NOTE [ windows ]). Returns (its length,
-    W): the envelope is W[0..2], arrays that grew are new ones."""
+def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W):
+    """The frontier of sub-chain st..t (P), or of the late left part Q(st, t) when `late` (NOTE
+    [ the recurrence ] in planner/_optimal_dp.py), into the work arrays W = (E, F, S) x (peaks,
+    times, choices), from the frontiers of shorter sub-problems in the pool (PP, PT, PC) at
+    (off, cnt)[kind, s, t] (kind 0: P, 1: Q), from its point in force at `lo` bytes up to `cap`
+    (NOTE [ windows ]). K: the cost arrays. Returns (its length, W): the envelope is W[0..2],
+    arrays that grew are new ones."""
+    x, f, fn, b, s, tff, tfr, tfl, tb, useful = K
     Ep, Et, Ec, Fp, Ft, Fc, Sp, St, Sc = W
     L = x.shape[0] - 1
-    D = x[t] if t < L else 0  # the gradient d_t, live throughout (t = L: made by the loss)
+    own = 1 if late else 0  # the family of the right parts and the record's child
+    # held throughout besides a_{s-1}: the gradient d_t (t = L: made by the loss), or for Q the
+    # state before `B t+1` (a_t, s_{t+1}, d_{t+1})
+    if late:
+        hold = x[t] + s[t + 1] + x[t + 1]
+    else:
+        hold = x[t] if t < L else 0
     xs = x[st - 1]
     ne = 0
-    r_peak = xs + D + x[st] + s[st] + tfr[st]
     b_peak = xs + s[st] + x[st] + xs + tb[st]
     fb = f[st] + b[st]
     if st == t:
-        if t == L:
-            pk = max(max(r_peak, xs + s[st] + 2 * x[st]), b_peak)
+        if late:  # `R t` on the live a_t, `B t+1` above the record s_t, then `B t`
+            pk = max(max(xs + hold + s[st] + tfl[st], xs + s[st] + hold + x[st] + tb[st + 1]),
+                     b_peak)
         else:
-            pk = max(r_peak, b_peak)
+            pk = max(xs + hold + x[st] + s[st] + tfr[st], b_peak)
+            if t == L:
+                pk = max(pk, xs + s[st] + 2 * x[st])
         if pk <= cap:
             Ep[0] = pk
             Et[0] = fb
             Ec[0] = RECORD
             ne = 1
-    else:
-        o = off[st + 1, t]
-        nc = cnt[st + 1, t]
+    else:  # record s
+        o = off[own, st + 1, t]
+        nc = cnt[own, st + 1, t]
         Sp, St, Sc = _grow3(Sp, St, Sc, nc + 1)
-        # the late record first (it wins exact ties, as in the reference)
-        before = x[st] + s[st + 1] + x[st + 1]
-        floor = max(max(xs + D + x[st] + tff[st], xs + before + s[st] + tfl[st]),
-                    max(xs + s[st] + before + x[st] + tb[st + 1], b_peak))
-        fb2 = fb + fn[st]
-        ns = _shifted(PP, PT, o, nc, floor, xs, fb2, cap, lo, LATE, Sp, St, Sc)
+        floor = max(xs + hold + x[st] + s[st] + tfr[st], b_peak)
+        ns = _shifted(PP, PT, o, nc, floor, xs + s[st], fb, cap, lo, RECORD, Sp, St, Sc)
         Ep, Et, Ec = _grow3(Ep, Et, Ec, ns)
         Ep[:ns] = Sp[:ns]
         Et[:ns] = St[:ns]
         Ec[:ns] = Sc[:ns]
         ne = ns
-        # record s
-        floor = max(r_peak, b_peak)
-        sh = xs + s[st]
-        ns = _shifted(PP, PT, o, nc, floor, sh, fb, cap, lo, RECORD, Sp, St, Sc)
-        Fp, Ft, Fc = _grow3(Fp, Ft, Fc, ne + ns)
-        ne = _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
-        Ep, Fp = Fp, Ep
-        Et, Ft = Ft, Et
-        Ec, Fc = Fc, Ec
-    # splits at s': F s..s'-1 keeping a_{s'-1}
+    # splits at s': F s..s'-1 keeping a_{s'-1}, the right part s'..t, then the left part s..s'-1
+    # plain (choice s') or, where it can help, late (choice -s')
     fwd = 0
     fsum = 0.0
     for sp in range(st + 1, t + 1):
         k = sp - 1
-        fwd = max(fwd, xs + D + (x[k - 1] if k > st else 0) + x[k] + tff[k])
+        fwd = max(fwd, xs + hold + (x[k - 1] if k > st else 0) + x[k] + tff[k])
         fsum += fn[k]
         if fwd > cap:
             break  # the forward's peak only grows with s'
-        nR = cnt[sp, t]
-        nL = cnt[st, sp - 1]
-        if nR == 0 or nL == 0:
+        nR = cnt[own, sp, t]
+        if nR == 0:
             continue
-        oR = off[sp, t]
-        oL = off[st, sp - 1]
-        least = max(max(PP[oR] + xs, PP[oL]), fwd)  # below this peak the split has nothing
-        m = max(least, lo)
-        if m > cap:
-            continue
-        fastest = fsum + PT[oR + nR - 1] + PT[oL + nL - 1]
-        e = _gallop(Ep, 0, ne, m)  # the envelope's point in force at m
-        if e >= 0 and Et[e] <= fastest and (Ep[e] <= least or Et[e] < fastest - abs(fastest) * 1e-12):
-            continue  # nothing this split offers beats the envelope, or ties it at a lower peak
-        # (grown only when short: a call that returns arrays costs their reference counts, and
-        # at 200 stages that was a tenth of the solve)
-        if nR + nL + 1 > Sp.shape[0]:
-            Sp, St, Sc = _grow3(Sp, St, Sc, nR + nL + 1)
-        if ne + 1 > Ep.shape[0]:
-            Ep, Et, Ec = _grow3(Ep, Et, Ec, ne + 1)  # room for the walk's sentinel
-        end = min(cap, max(PP[oR + nR - 1] + xs, PP[oL + nL - 1]))
-        ns = _split_points(PP, PT, oR, nR, oL, nL, xs, fsum, fastest, fwd, m, max(m, end), sp,
-                           Ep, Et, ne, e, Sp, St, Sc)
-        if ns == 0:
-            continue  # nothing of this split enters the envelope: no merge, no copy
-        if ne + ns > Fp.shape[0]:
-            Fp, Ft, Fc = _grow3(Fp, Ft, Fc, ne + ns)
-        ne = _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
-        Ep, Fp = Fp, Ep
-        Et, Ft = Ft, Et
-        Ec, Fc = Fc, Ec
+        oR = off[own, sp, t]
+        for left in range(2 if useful[sp - 1] else 1):
+            nL = cnt[left, st, sp - 1]
+            if nL == 0:
+                continue
+            oL = off[left, st, sp - 1]
+            least = max(max(PP[oR] + xs, PP[oL]), fwd)  # below this peak the split has nothing
+            m = max(least, lo)
+            if m > cap:
+                continue
+            fastest = fsum + PT[oR + nR - 1] + PT[oL + nL - 1]
+            e = _gallop(Ep, 0, ne, m)  # the envelope's point in force at m
+            if e >= 0 and Et[e] <= fastest and (
+                    Ep[e] <= least or Et[e] < fastest - abs(fastest) * 1e-12):
+                continue  # nothing this split offers beats the envelope, or ties it lower
+            # (grown only when short: a call that returns arrays costs their reference counts,
+            # and at 200 stages that was a tenth of the solve)
+            if nR + nL + 1 > Sp.shape[0]:
+                Sp, St, Sc = _grow3(Sp, St, Sc, nR + nL + 1)
+            if ne + 1 > Ep.shape[0]:
+                Ep, Et, Ec = _grow3(Ep, Et, Ec, ne + 1)  # room for the walk's sentinel
+            end = min(cap, max(PP[oR + nR - 1] + xs, PP[oL + nL - 1]))
+            ns = _split_points(PP, PT, oR, nR, oL, nL, xs, fsum, fastest, fwd, m, max(m, end),
+                               -sp if left else sp, Ep, Et, ne, e, Sp, St, Sc)
+            if ns == 0:
+                continue  # nothing of this split enters the envelope: no merge, no copy
+            if ne + ns > Fp.shape[0]:
+                Fp, Ft, Fc = _grow3(Fp, Ft, Fc, ne + ns)
+            ne = _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
+            Ep, Fp = Fp, Ep
+            Et, Ft = Ft, Et
+            Ec, Fc = Fc, Ec
     k = _last_le(Ep, 0, ne, lo)  # the point in force at lo: those before it are never asked for
     if k > 0:
         ne -= k
@@ -384,47 +388,58 @@ def _work(n):
 
 
 @njit(cache=True)
-def _windows(x, s, cap, windowed):
-    """lo[st, t]: the least budget (bytes) at which a schedule of the whole chain within `cap`
-    asks sub-chain st..t for its best point (NOTE [ windows ]); all very low when not `windowed`."""
+def _windows(x, s, useful, cap, windowed):
+    """lo[kind, st, t]: the least budget (bytes) at which a schedule of the whole chain within
+    `cap` asks sub-chain st..t (kind 0) or the late left part Q(st, t) (kind 1) for its best
+    point (NOTE [ windows ]); all very low when not `windowed`."""
     L = x.shape[0] - 1
-    lo = np.full((L + 2, L + 1), -_NO_CAP, np.int64)
+    lo = np.full((2, L + 2, L + 1), -_NO_CAP, np.int64)
     if not windowed:
         return lo
-    held = np.zeros((L + 2, L + 1), np.int64)  # the most bytes a sub-chain's ancestors hold
-    for d in range(L - 1, -1, -1):  # parents before children: longer sub-chains first
-        for st in range(1, L - d + 1):
-            t = st + d
-            h = held[st, t]
-            lo[st, t] = cap - h
-            xs = x[st - 1]
-            if st < t:  # the record holds a_{s-1} and s_s above the rest (the late one a_{s-1})
-                held[st + 1, t] = max(held[st + 1, t], h + xs + s[st])
-            for sp in range(st + 1, t + 1):  # a split: its right part above a_{s-1}
-                held[sp, t] = max(held[sp, t], h + xs)
-                held[st, sp - 1] = max(held[st, sp - 1], h)
+    held = np.full((2, L + 2, L + 1), -_NO_CAP, np.int64)  # the most bytes ancestors hold
+    held[0, 1, L] = 0
+    for d in range(L - 1, -1, -1):  # parents before children: longer sub-problems first; P(s,
+        for kind in range(2):  # s+d) is the parent of Q(s, s+d-1), which is as long
+            for st in range(1, L - d + 1):
+                t = st + d - kind
+                if kind == 1 and (t < st or not useful[t]):
+                    continue
+                h = held[kind, st, t]
+                if h < 0:
+                    continue  # never asked for
+                lo[kind, st, t] = cap - h
+                xs = x[st - 1]
+                if st < t:  # the record holds a_{s-1} and s_s above the rest
+                    held[kind, st + 1, t] = max(held[kind, st + 1, t], h + xs + s[st])
+                for sp in range(st + 1, t + 1):  # a split: its right part above a_{s-1}
+                    held[kind, sp, t] = max(held[kind, sp, t], h + xs)
+                    held[0, st, sp - 1] = max(held[0, st, sp - 1], h)
+                    if useful[sp - 1]:
+                        held[1, st, sp - 1] = max(held[1, st, sp - 1], h)
     return lo
 
 
 @njit(cache=True, parallel=True)
-def _one_length(d, width, x, f, fn, b, s, tff, tfr, tfl, tb, cap, lo, off, cnt, PP, PT, PC,
-                n_workers, gP, gT, gC, gN):
-    """The sub-chains of length d + 1, `n_workers` at a time, into the staging rows gP, gT, gC of
-    `width` points (-1 in gN: the row was too narrow)."""
+def _one_length(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN):
+    """The sub-problems of one length, P(s, s+d) or Q(s, s+d-1) when `late`, `n_workers` at a
+    time, into the staging rows gP, gT, gC of `width` points (-1 in gN: the row was too narrow)."""
     for w in prange(n_workers):
-        _stage(w, d, width, x, f, fn, b, s, tff, tfr, tfl, tb, cap, lo, off, cnt, PP, PT, PC,
-               n_workers, gP, gT, gC, gN)
+        _stage(w, late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN)
 
 
 @njit(cache=True)
-def _stage(w, d, width, x, f, fn, b, s, tff, tfr, tfl, tb, cap, lo, off, cnt, PP, PT, PC,
-           n_workers, gP, gT, gC, gN):
-    n = x.shape[0] - 1 - d
+def _stage(w, late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN):
+    useful = K[9]
+    kind = 1 if late else 0
+    n = useful.shape[0] - 1 - d
     W = _work(width)
     for idx in range(w, n, n_workers):
         st = idx + 1
-        ne, W = _subchain(st, st + d, x, f, fn, b, s, tff, tfr, tfl, tb, cap, lo[st, st + d],
-                          off, cnt, PP, PT, PC, W)
+        t = st + d - kind
+        if late and (t < st or not useful[t]):
+            gN[idx] = 0
+            continue
+        ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt, PP, PT, PC, W)
         if ne <= width:
             gP[idx, :ne] = W[0][:ne]
             gT[idx, :ne] = W[1][:ne]
@@ -465,15 +480,16 @@ def _widen(g, width, n):
 
 
 @njit(cache=True)
-def _solve(x, f, fn, b, s, tff, tfr, tfl, tb, cap, windowed, n_workers, width):
-    """All sub-chains by length (each needs only shorter ones), those of one length in parallel:
-    each worker writes its frontiers to a staging row of width `width`; one that does not fit is
-    solved again after the parallel loop, alone, and the rows widened. The pool keeps a sentinel
-    peak after every frontier (for `_split_points`)."""
+def _solve(K, cap, windowed, n_workers, width):
+    """All sub-problems by length (each needs only shorter ones, and P(s, s+d) also Q(s, s+d-1)),
+    those of one length and kind in parallel: each worker writes its frontiers to a staging row
+    of width `width`; one that does not fit is solved again after the parallel loop, alone, and
+    the rows widened. The pool keeps a sentinel peak after every frontier (for `_split_points`)."""
+    x, useful = K[0], K[9]
     L = x.shape[0] - 1
-    lo = _windows(x, s, cap, windowed)
-    off = np.zeros((L + 2, L + 1), np.int64)
-    cnt = np.zeros((L + 2, L + 1), np.int64)
+    lo = _windows(x, K[4], useful, cap, windowed)
+    off = np.zeros((2, L + 2, L + 1), np.int64)
+    cnt = np.zeros((2, L + 2, L + 1), np.int64)
     PP = np.empty(1 << 16, np.int64)
     PT = np.empty(1 << 16, np.float64)
     PC = np.empty(1 << 16, np.int64)
@@ -481,75 +497,102 @@ def _solve(x, f, fn, b, s, tff, tfr, tfl, tb, cap, windowed, n_workers, width):
     gP, gT, gC = _staging(L, width)
     gN = np.zeros(L, np.int64)
     at = np.zeros(L, np.int64)
+    any_late = False
+    for j in range(L + 1):
+        any_late = any_late or useful[j]
     for d in range(L):
-        n = L - d  # sub-chains st..st+d, st = 1..n
-        _one_length(d, width, x, f, fn, b, s, tff, tfr, tfl, tb, cap, lo, off, cnt, PP, PT, PC,
-                    n_workers, gP, gT, gC, gN)
-        for idx in range(n):
-            if gN[idx] < 0:  # too wide for the staging row: again, alone, into wider rows
-                st = idx + 1
-                ne, W = _subchain(st, st + d, x, f, fn, b, s, tff, tfr, tfl, tb, cap,
-                                  lo[st, st + d], off, cnt, PP, PT, PC, _work(width))
-                if ne > width:
-                    width = max(2 * width, ne)
-                    gP, gT, gC = _widen((gP, gT, gC), width, n)
-                gP[idx, :ne] = W[0][:ne]
-                gT[idx, :ne] = W[1][:ne]
-                gC[idx, :ne] = W[2][:ne]
-                gN[idx] = ne
-        biggest = 0
-        for idx in range(n):
-            at[idx] = used
-            off[idx + 1, idx + 1 + d] = used
-            cnt[idx + 1, idx + 1 + d] = gN[idx]
-            used += gN[idx] + 1
-            biggest = max(biggest, gN[idx])
-        PP, PT, PC = _grow3(PP, PT, PC, used)
-        _store(n, gP, gT, gC, gN, PP, PT, PC, at, n_workers)
-        if 2 * biggest > width:
-            width = 2 * biggest
-            gP, gT, gC = _staging(L, width)
+        n = L - d  # P(st, st+d) and Q(st, st+d-1), st = 1..n
+        for phase in range(2):
+            kind = 1 - phase  # Q(s, s+d-1) first: P(s, s+d)'s late split at s' = s+d needs it
+            if kind == 1 and (d == 0 or not any_late):
+                continue
+            late = kind == 1
+            _one_length(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers,
+                        gP, gT, gC, gN)
+            for idx in range(n):
+                if gN[idx] < 0:  # too wide for the staging row: again, alone, into wider rows
+                    st = idx + 1
+                    t = st + d - kind
+                    ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt,
+                                      PP, PT, PC, _work(width))
+                    if ne > width:
+                        width = max(2 * width, ne)
+                        gP, gT, gC = _widen((gP, gT, gC), width, n)
+                    gP[idx, :ne] = W[0][:ne]
+                    gT[idx, :ne] = W[1][:ne]
+                    gC[idx, :ne] = W[2][:ne]
+                    gN[idx] = ne
+            biggest = 0
+            for idx in range(n):
+                at[idx] = used
+                off[kind, idx + 1, idx + 1 + d - kind] = used
+                cnt[kind, idx + 1, idx + 1 + d - kind] = gN[idx]
+                used += gN[idx] + 1
+                biggest = max(biggest, gN[idx])
+            PP, PT, PC = _grow3(PP, PT, PC, used)
+            _store(n, gP, gT, gC, gN, PP, PT, PC, at, n_workers)
+            if 2 * biggest > width:
+                width = 2 * biggest
+                gP, gT, gC = _staging(L, width)
     return off, cnt, PP[:used].copy(), PT[:used].copy(), PC[:used].copy()
 
 
 @njit(cache=True)
-def _least_peak(x, s, tff, tfr, tfl, tb):
+def _least_of(late, st, t, x, s, tff, tfr, tfl, tb, useful, M):
+    """The least peak of P(st, t), or of Q(st, t) when `late`, from those of shorter ones in M."""
     L = x.shape[0] - 1
-    M = np.zeros((L + 2, L + 1), np.int64)
+    own = 1 if late else 0
+    if late:
+        hold = x[t] + s[t + 1] + x[t + 1]
+    else:
+        hold = x[t] if t < L else 0
+    xs = x[st - 1]
+    b_peak = xs + s[st] + x[st] + xs + tb[st]
+    if st == t:
+        if late:
+            best = max(max(xs + hold + s[st] + tfl[st], xs + s[st] + hold + x[st] + tb[st + 1]),
+                       b_peak)
+        else:
+            best = max(xs + hold + x[st] + s[st] + tfr[st], b_peak)
+            if t == L:
+                best = max(best, xs + s[st] + 2 * x[st])
+    else:
+        best = max(max(xs + hold + x[st] + s[st] + tfr[st], b_peak), M[own, st + 1, t] + xs + s[st])
+    fwd = 0
+    for sp in range(st + 1, t + 1):
+        k = sp - 1
+        fwd = max(fwd, xs + hold + (x[k - 1] if k > st else 0) + x[k] + tff[k])
+        if fwd >= best:
+            break  # the forward's peak only grows with s'
+        left = M[0, st, sp - 1]
+        if useful[sp - 1]:
+            left = min(left, M[1, st, sp - 1])
+        best = min(best, max(max(fwd, M[own, sp, t] + xs), left))
+    return best
+
+
+@njit(cache=True)
+def _least_peak(x, s, tff, tfr, tfl, tb, useful):
+    L = x.shape[0] - 1
+    M = np.full((2, L + 2, L + 1), _BIG, np.int64)
     for t in range(1, L + 1):
-        D = x[t] if t < L else 0
+        if useful[t - 1]:
+            for st in range(t - 1, 0, -1):
+                M[1, st, t - 1] = _least_of(True, st, t - 1, x, s, tff, tfr, tfl, tb, useful, M)
         for st in range(t, 0, -1):
-            xs = x[st - 1]
-            r_peak = xs + D + x[st] + s[st] + tfr[st]
-            b_peak = xs + s[st] + x[st] + xs + tb[st]
-            if st == t:
-                best = max(r_peak, b_peak)
-                if t == L:
-                    best = max(best, xs + s[st] + 2 * x[st])
-            else:
-                child = M[st + 1, t]
-                best = max(max(r_peak, b_peak), child + xs + s[st])
-                before = x[st] + s[st + 1] + x[st + 1]
-                late = max(max(xs + D + x[st] + tff[st], xs + before + s[st] + tfl[st]),
-                           max(max(xs + s[st] + before + x[st] + tb[st + 1], b_peak), child + xs))
-                best = min(best, late)
-            fwd = 0
-            for sp in range(st + 1, t + 1):
-                k = sp - 1
-                fwd = max(fwd, xs + D + (x[k - 1] if k > st else 0) + x[k] + tff[k])
-                if fwd >= best:
-                    break
-                best = min(best, max(max(fwd, M[sp, t] + xs), M[st, sp - 1]))
-            M[st, t] = best
-    return M[1, L]
+            M[0, st, t] = _least_of(False, st, t, x, s, tff, tfr, tfl, tb, useful, M)
+    return M[0, 1, L]
 
 
 def _arrays(c: Costs):
+    """The kernel's cost tuple K: x, f, fn, b, s, tf_f, tf_r, tf_l, tb, useful (NOTE [ late left
+    parts ] in planner/_optimal_dp.py)."""
     i64 = np.int64
     return (np.asarray(c.x, i64), np.asarray(c.f, np.float64), np.asarray(c.f_nograd, np.float64),
             np.asarray(c.b, np.float64),
             np.asarray(c.s, i64), np.asarray(c.tf_f, i64), np.asarray(c.tf_r, i64),
-            np.asarray(c.tf_l, i64), np.asarray(c.tb, i64))
+            np.asarray(c.tf_l, i64), np.asarray(c.tb, i64),
+            np.asarray(late_useful(c), np.bool_))
 
 
 class PoolFrontiers:
@@ -562,9 +605,10 @@ class PoolFrontiers:
         self._off, self._cnt = off, cnt
         self._peaks, self._times, self._choices = peaks, times, choices
 
-    def point_arrays(self, st: int, t: int):
-        """(peaks in bytes, times in seconds, choices) of sub-chain st..t, as arrays."""
-        o, n = self._off[st, t], self._cnt[st, t]
+    def point_arrays(self, st: int, t: int, *, late: bool = False):
+        """(peaks in bytes, times in seconds, choices) of sub-chain st..t (`late`: of the late
+        left part Q(st, t)), as arrays."""
+        o, n = self._off[int(late), st, t], self._cnt[int(late), st, t]
         return self._peaks[o:o + n], self._times[o:o + n], self._choices[o:o + n]
 
     def top(self) -> tuple[list[int], list[float]]:
@@ -572,9 +616,10 @@ class PoolFrontiers:
         p, t, _ = self.point_arrays(1, self.costs.L)
         return p.tolist(), t.tolist()
 
-    def choice(self, st: int, t: int, m: int) -> int | None:
-        """The choice of sub-chain st..t's fastest point within m bytes (None: nothing fits)."""
-        p, _, ch = self.point_arrays(st, t)
+    def choice(self, st: int, t: int, m: int, *, late: bool = False) -> int | None:
+        """The choice of sub-chain st..t's fastest point within m bytes (None: nothing fits);
+        `late`: of the late left part Q(st, t)."""
+        p, _, ch = self.point_arrays(st, t, late=late)
         k = int(np.searchsorted(p, m, side="right")) - 1
         return None if k < 0 else int(ch[k])
 
@@ -594,7 +639,7 @@ def solve_compiled(c: Costs, *, cap: int | None = None, windowed: bool = False, 
     cap_i = _NO_CAP if cap is None else np.int64(cap)
     # _width: the first staging row's width in points (tests make it tiny to take the slow path)
     with _LAUNCH:
-        off, cnt, P, T, C = _solve(*_arrays(c), cap_i, windowed and cap is not None,
+        off, cnt, P, T, C = _solve(_arrays(c), cap_i, windowed and cap is not None,
                                    max(1, get_num_threads()), _width)
     return PoolFrontiers(c, cap, off, cnt, P, T, C)
 
@@ -605,8 +650,8 @@ def least_peak_compiled(c: Costs) -> int:
         from planner._optimal_dp import least_peak
 
         return least_peak(c)
-    x, _, _, _, s, tff, tfr, tfl, tb = _arrays(c)
-    return int(_least_peak(x, s, tff, tfr, tfl, tb))
+    x, _, _, _, s, tff, tfr, tfl, tb, useful = _arrays(c)
+    return int(_least_peak(x, s, tff, tfr, tfl, tb, useful))
 
 
 def warm() -> float:

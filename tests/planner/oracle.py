@@ -86,9 +86,16 @@ def memo_time(p: Profile, budget_bytes: int, *, unit: int = 1) -> float:
 
 def exhaustive_frontier(p: Profile, *, persistent: bool = False):
     """Pareto set over all valid schedules: a list of (peak_bytes, time_s, ops), peaks descending
-    and times ascending. With `persistent`, a checkpoint (an activation live at the loss or at a
-    backward op) may not be dropped while a later backward still needs it, so it is never
-    recomputed.
+    and times ascending. With `persistent`, a checkpoint may not be dropped while a later backward
+    still needs it, so it is never recomputed.
+
+    NOTE [ persistent ]
+    chain-model.md calls a schedule persistent when each checkpoint, once dropped, is never
+    recomputed. A checkpoint is an activation kept across an op that neither makes nor reads it
+    (a forward of another stage, the loss, a backward): a_j live while `F k` runs for k not in
+    {j, j+1} is stored, just as one live at a backward is. Counting only activations live at the
+    loss or a backward (this oracle's first rule) let schedules pass as persistent that store a
+    cheap a_j across a forward, drop it, and compute it again before `B j+1`.
 
     NOTE [ completeness ]
     Dropping an activation earlier, right after the last op that touched it, never raises a peak
@@ -142,13 +149,15 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False):
         for i in range(1, top + 1):
             if not act >> (i - 1) & 1:
                 continue
+            # what is live across a forward, other than its input and output, is stored
+            fck = ck | (act & ~(1 << (i - 1) | 1 << i) & ~1) if persistent else 0
             if not act >> i & 1 and (ph == BEFORE or i <= ph - 1):
-                succ.append((("F", i), live + x[i] + tf[i], f[i], act | 1 << i, rec, ph, ck,
+                succ.append((("F", i), live + x[i] + tf[i], f[i], act | 1 << i, rec, ph, fck,
                              (i - 1,)))
             if not rec >> i & 1:
                 new = 0 if act >> i & 1 else x[i]
                 succ.append((("R", i), live + new + s[i] + tf[i], f[i], act | 1 << i,
-                             rec | 1 << i, ph, ck, (i,)))
+                             rec | 1 << i, ph, fck, (i,)))
         if ph == BEFORE and act >> L & 1:
             nck = act & ~1 if persistent else 0
             succ.append((("loss",), live + x[L], 0.0, act, rec, L, nck, ()))
@@ -189,17 +198,20 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False):
 
 
 def is_persistent(ops) -> bool:
-    """False when an activation live at the loss or at a backward op (a checkpoint) is dropped
-    while a later backward still needs it, which forces its recomputation."""
+    """False when a checkpoint is dropped while a later backward still needs it, which forces its
+    recomputation. A checkpoint is an activation kept across an op that neither makes nor reads
+    it: across a forward of another stage, the loss or a backward (NOTE [ persistent ])."""
     live: set[int] = set()
     checkpoint: set[int] = set()
-    next_b = None
+    next_b = float("inf")  # a_j is still needed while j < next_b (B j+1 has not run)
     for op in ops:
         if op[0] in ("F", "R"):
-            live.add(op[1])
+            i = op[1]
+            checkpoint |= live - {i - 1, i}
+            live.add(i)
         elif op[0] == "drop":
             j = op[1]
-            if j in checkpoint and next_b is not None and j < next_b:
+            if j in checkpoint and j < next_b:
                 return False
             live.discard(j)
             checkpoint.discard(j)
