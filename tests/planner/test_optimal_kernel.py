@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner._build import insert_drops
-from planner._optimal_dp import costs_of, least_peak, schedule_ops, solve
+from planner._optimal_dp import costs_of, late_useful, least_peak, schedule_ops, solve
 from planner._optimal_kernel import available, least_peak_compiled, solve_compiled
 from planner.simulate import simulate
 from tests.planner.chains import chain, random_chains, worked_example
@@ -133,3 +133,39 @@ def test_windowed_on_sixty_stages_with_real_byte_sizes(seed):
         got = solve_compiled(c, cap=cap, windowed=True)
         assert got.top()[1][0] == pytest.approx(_fastest_within(full, cap)[1], rel=1e-12)
         assert len(got._peaks) < len(full._peaks)  # the windows cut the frontiers
+
+
+def _late_chain(L, seed):
+    """Chains where late splits help: large forward transients, small records and outputs (so
+    most boundaries pass `late_useful`), real byte sizes and float times."""
+    r = random.Random(seed)
+    u = 10**6
+    return chain([r.randint(1, 6) * u + r.randint(0, 999) for _ in range(L + 1)],
+                 [r.uniform(0.1, 2) for _ in range(L)], [r.uniform(0.1, 4) for _ in range(L)],
+                 [r.randint(0, 2) * u + r.randint(0, 999) for _ in range(L)],
+                 [r.randint(4, 12) * u for _ in range(L)], [r.randint(0, 1) * u for _ in range(L)])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_late_splits_compiled_as_in_the_reference(seed):
+    """NOTE [ late left parts ]: where many boundaries qualify, the kernel (full, capped,
+    windowed, narrow staging rows) equals the reference, and its schedules use late splits."""
+    prof = _late_chain(24, seed)
+    c = costs_of(prof)
+    assert sum(late_useful(c)) >= 3
+    ref = solve(c)
+    got = solve_compiled(c)
+    _same_top(ref, got)
+    _replays_to_its_points(prof, got)
+    assert least_peak_compiled(c) == least_peak(c) == ref.top()[0][0]
+    peaks = ref.top()[0]
+    late_used = 0
+    for cap in (peaks[0], peaks[len(peaks) // 4], peaks[len(peaks) // 2]):
+        _same_top(solve(c, cap=cap), solve_compiled(c, cap=cap, _width=2))
+        win = solve_compiled(c, cap=cap, windowed=True)
+        assert win.top()[1] == pytest.approx([_fastest_within(ref, cap)[1]], rel=1e-12)
+        ops = schedule_ops(win, cap)
+        # a late split shows as `R j` run while a_j is live, just before `B j+1`
+        late_used += sum(1 for a, b in zip(ops, ops[1:], strict=False)
+                         if a[0] == "R" and b == ("B", a[1] + 1))
+    assert late_used > 0
