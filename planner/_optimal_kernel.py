@@ -280,6 +280,20 @@ def _split_points(PP, PT, oR, nR, oL, nL, xs, fsum, fastest, fwd, m0, m1, sp, Ep
     return ns
 
 
+@njit(cache=True, inline="always")
+def _one_stage_peak(late, t, hold, x, s, tfr, tfl, tb):
+    """The peak (bytes) of the one-stage sub-problem P(t, t) or, when `late`, Q(t, t), with
+    `hold` held beside a_{t-1} (d_t, or the state before `B t+1`)."""
+    xs = x[t - 1]
+    b_peak = xs + s[t] + x[t] + xs + tb[t]
+    if late:  # `R t` on the live a_t, `B t+1` above the record s_t, then `B t`
+        return max(max(xs + hold + s[t] + tfl[t], xs + s[t] + hold + x[t] + tb[t + 1]), b_peak)
+    pk = max(xs + hold + x[t] + s[t] + tfr[t], b_peak)
+    if t == x.shape[0] - 1:  # t = L: the loss makes d_L while a_L and s_L are live
+        pk = max(pk, xs + s[t] + 2 * x[t])
+    return pk
+
+
 @njit(cache=True)
 def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W):
     """The frontier of sub-chain st..t (P), or of the late left part Q(st, t) when `late` (NOTE
@@ -303,13 +317,7 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W):
     b_peak = xs + s[st] + x[st] + xs + tb[st]
     fb = f[st] + b[st]
     if st == t:
-        if late:  # `R t` on the live a_t, `B t+1` above the record s_t, then `B t`
-            pk = max(max(xs + hold + s[st] + tfl[st], xs + s[st] + hold + x[st] + tb[st + 1]),
-                     b_peak)
-        else:
-            pk = max(xs + hold + x[st] + s[st] + tfr[st], b_peak)
-            if t == L:
-                pk = max(pk, xs + s[st] + 2 * x[st])
+        pk = _one_stage_peak(late, t, hold, x, s, tfr, tfl, tb)
         if pk <= cap:
             Ep[0] = pk
             Et[0] = fb
@@ -549,13 +557,7 @@ def _least_of(late, st, t, x, s, tff, tfr, tfl, tb, useful, M):
     xs = x[st - 1]
     b_peak = xs + s[st] + x[st] + xs + tb[st]
     if st == t:
-        if late:
-            best = max(max(xs + hold + s[st] + tfl[st], xs + s[st] + hold + x[st] + tb[st + 1]),
-                       b_peak)
-        else:
-            best = max(xs + hold + x[st] + s[st] + tfr[st], b_peak)
-            if t == L:
-                best = max(best, xs + s[st] + 2 * x[st])
+        best = _one_stage_peak(late, t, hold, x, s, tfr, tfl, tb)
     else:
         best = max(max(xs + hold + x[st] + s[st] + tfr[st], b_peak), M[own, st + 1, t] + xs + s[st])
     fwd = 0
