@@ -13,7 +13,26 @@ choices, and a third that the chain model needs:
               no new x_{s'-1} (the chain model's "x_i (if new)"), at the price of holding the
               right part's last state a_{s'-1}, s_{s'}, d_{s'} meanwhile.
 
-The late split's left part is a second family of sub-problems, Q(s, j) (NOTE [ late left parts ]
+The late split's left part is a second family of sub-problems, Q(s, j) (NOTE [ late left parts ]):
+a_{s-1} and a_j are live with the record s_{j+1} and the gradient d_{j+1} (the state before
+`B j+1`); run `B j+1` at the right moment, then B j..s. Its choices mirror the first family's:
+record `R s` then Q(s+1, j); split `F s..m-1`, Q(m, j), then s..m-1 plain; late split `F s..m-1`,
+Q(m, j) up to its last op `B m`, then Q(s, m-1); and for s = j, `R j` (a_j live), `B j+1`, `B j`.
+Without late splits the DP missed persistent optima that an exhaustive search finds (on 1 of about
+1,500 random chains of up to 6 stages with the one-stage case, s' = s + 1, already in; without
+that case, on 1 of 300).
+
+Under ../shared/docs/chain-model.md every op's "bytes live during" is a sum of the sizes that the
+sub-chain owns plus what its ancestors hold, so each sub-chain's best time is a step function of the
+memory it may use. We keep that function exactly, as its Pareto points (peak bytes, seconds), not
+on a grid of memory slots: peaks are integers, so nothing is rounded and nothing is lost. Combining
+two children is a merge of two staircases (sizes add, times add); the sub-chain's frontier is the
+lower envelope over its choices. Peaks count the sub-chain's own a_{s-1} and d_t (for Q(s, j):
+a_{s-1} and the state before `B j+1`); a parent adds what it holds during the child (a_{s-1} for a
+split's right part, a_{s-1} + s_s for a record). Times of Q(s, j) leave out b_{j+1}, which the
+right part that ends with `B j+1` already counts.
+
+NOTE [ late left parts ]
 Q(., j) is worth solving only where its one-stage case beats the plain one: Q(j, j)'s peak
 (`R j` on the live a_j, `B j+1` above s_j, `B j`) below P(j, j)'s (`R j`, `B j` with d_j live),
 at the same time f_j + b_j (`late_useful`). Otherwise Q(j, j) >= P(j, j) pointwise, and by
@@ -23,7 +42,7 @@ d_{j+1} where P holds d_j = x_j). A late split whose left part is Q(s, j) is the
 than the plain split at the same point, so neither family computes it. Since Q(j, j) pays for
 `B j+1` with s_j live, it helps only where `R j`'s transient is larger than s_{j+1} + x_{j+1}
 plus `B j+1`'s transient: never on transformer chains (the recurrence is then Beaumont's), at
-about one boundary in twenty on the random chains of the tests.
+about one boundary in 300 on the random chains of the tests (measured on 3,000 of them).
 
 NOTE [ macro stages ]
 The approximate mode groups consecutive stages into macro stages and solves this same recurrence on
@@ -106,10 +125,30 @@ def late_useful_of(x, s, tf_r, tf_l, tb) -> list[bool]:
     return out
 
 
-def held_before(c: Costs, j: int) -> int:
-    """Bytes of the state before `B j+1` that a late left part Q(., j) starts above:
-    a_j, the record s_{j+1} and the gradient d_{j+1}."""
-    return c.x[j] + c.s[j + 1] + c.x[j + 1]
+def _hold(c: Costs, t: int, late: bool) -> int:
+    """Bytes that P(., t), or Q(., t) when `late`, holds throughout besides a_{s-1}: the gradient
+    d_t (t = L: none yet, the loss makes it), or the state before `B t+1` (a_t, s_{t+1}, d_{t+1})."""
+    if late:
+        return c.x[t] + c.s[t + 1] + c.x[t + 1]
+    return c.x[t] if t < c.L else 0
+
+
+def _record_floor(c: Costs, st: int, hold: int) -> int:
+    """The least peak (bytes) of a record choice at st < t, whatever the child: `R st` with
+    `hold` beside a_{st-1}, and `B st`."""
+    xs = c.x[st - 1]
+    return max(xs + hold + c.x[st] + c.s[st] + c.tf_r[st], xs + c.s[st] + c.x[st] + xs + c.tb[st])
+
+
+def _one_stage_peak(c: Costs, t: int, late: bool) -> int:
+    """The peak (bytes) of P(t, t) (`R t`, `loss` when t = L, `B t`) or, when `late`, of Q(t, t)
+    (`R t` on the live a_t, `B t+1` above the record s_t, `B t`)."""
+    x, s, xs, hold = c.x, c.s, c.x[t - 1], _hold(c, t, late)
+    b_peak = xs + s[t] + x[t] + xs + c.tb[t]
+    if late:
+        return max(xs + hold + s[t] + c.tf_l[t], xs + s[t] + hold + x[t] + c.tb[t + 1], b_peak)
+    pk = max(xs + hold + x[t] + s[t] + c.tf_r[t], b_peak)
+    return max(pk, xs + s[t] + 2 * x[t]) if t == c.L else pk
 
 
 @dataclass
@@ -151,7 +190,7 @@ def solve(c: Costs, *, cap: int | None = None) -> Frontiers:
     """Frontiers of all sub-chains. `cap`: points with a peak above it are dropped (a budget in
     bytes; None keeps all). Returns `Frontiers`; the whole chain's is `peaks[1][L]`."""
     L = c.L
-    x, f, b, s, tff, tfr, tfl, tb = c.x, c.f, c.b, c.s, c.tf_f, c.tf_r, c.tf_l, c.tb
+    x, f, b, s, tff = c.x, c.f, c.b, c.s, c.tf_f
     fn = c.f_nograd  # `F` ops: the splits' forwards
     useful = late_useful(c)
 
@@ -165,21 +204,13 @@ def solve(c: Costs, *, cap: int | None = None) -> Frontiers:
         """Candidates of P(st, t), or of Q(st, t) when `late`; their envelope."""
         own_p, own_t = (QP, QT) if late else (P, T)
         xs = x[st - 1]
-        # what the sub-chain holds throughout besides a_{s-1}: d_t, or the state before B t+1
-        hold = held_before(c, t) if late else (x[t] if t < L else 0)
+        hold = _hold(c, t, late)
         cand: list[tuple[int, float, int]] = []
-        b_peak = xs + s[st] + x[st] + xs + tb[st]
         fb = f[st] + b[st]
         if st == t:
-            if late:  # `R t` on the live a_t, then `B t+1` above the record s_t, then `B t`
-                pk = max(xs + hold + s[st] + tfl[st], xs + s[st] + hold + x[st] + tb[st + 1],
-                         b_peak)
-            else:
-                r_peak = xs + hold + x[st] + s[st] + tfr[st]
-                pk = max(r_peak, b_peak, xs + s[st] + 2 * x[st] if t == L else r_peak)
-            cand.append((pk, fb, RECORD))
+            cand.append((_one_stage_peak(c, t, late), fb, RECORD))
         else:  # record s
-            floor = max(xs + hold + x[st] + s[st] + tfr[st], b_peak)
+            floor = _record_floor(c, st, hold)
             sh = xs + s[st]
             for p, tm in zip(own_p[st + 1][t], own_t[st + 1][t], strict=True):
                 cand.append((max(floor, p + sh), tm + fb, RECORD))
@@ -302,7 +333,7 @@ def least_peak(c: Costs) -> int:
     """The least peak (bytes) of any schedule the recurrence can build: the first point of the
     whole chain's frontier, by the same recurrence on scalars (no times, so it is O(L^3) cheap)."""
     L = c.L
-    x, s, tff, tfr, tfl, tb = c.x, c.s, c.tf_f, c.tf_r, c.tf_l, c.tb
+    x, s, tff = c.x, c.s, c.tf_f
     useful = late_useful(c)
     big = 2**62
     M = [[big] * (L + 1) for _ in range(L + 2)]
@@ -311,17 +342,11 @@ def least_peak(c: Costs) -> int:
     def least(st: int, t: int, late: bool) -> int:
         own = MQ if late else M
         xs = x[st - 1]
-        hold = held_before(c, t) if late else (x[t] if t < L else 0)
-        b_peak = xs + s[st] + x[st] + xs + tb[st]
+        hold = _hold(c, t, late)
         if st == t:
-            if late:
-                best = max(xs + hold + s[st] + tfl[st], xs + s[st] + hold + x[st] + tb[st + 1],
-                           b_peak)
-            else:
-                r_peak = xs + hold + x[st] + s[st] + tfr[st]
-                best = max(r_peak, b_peak, xs + s[st] + 2 * x[st] if t == L else r_peak)
+            best = _one_stage_peak(c, t, late)
         else:
-            best = max(xs + hold + x[st] + s[st] + tfr[st], b_peak, own[st + 1][t] + xs + s[st])
+            best = max(_record_floor(c, st, hold), own[st + 1][t] + xs + s[st])
         fwd = 0
         for sp in range(st + 1, t + 1):
             k = sp - 1

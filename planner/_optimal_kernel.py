@@ -281,12 +281,30 @@ def _split_points(PP, PT, oR, nR, oL, nL, xs, fsum, fastest, fwd, m0, m1, sp, Ep
 
 
 @njit(cache=True, inline="always")
-def _one_stage_peak(late, t, hold, x, s, tfr, tfl, tb):
-    """The peak (bytes) of the one-stage sub-problem P(t, t) or, when `late`, Q(t, t), with
-    `hold` held beside a_{t-1} (d_t, or the state before `B t+1`)."""
+def _hold(late, t, x, s):
+    """Bytes that P(., t), or Q(., t) when `late`, holds throughout besides a_{s-1}: the gradient
+    d_t (t = L: none yet, the loss makes it), or the state before `B t+1` (a_t, s_{t+1}, d_{t+1})."""
+    if late:
+        return x[t] + s[t + 1] + x[t + 1]
+    return x[t] if t < x.shape[0] - 1 else 0
+
+
+@njit(cache=True, inline="always")
+def _record_floor(st, hold, x, s, tfr, tb):
+    """The least peak (bytes) of a record choice at st < t, whatever the child: `R st` with
+    `hold` beside a_{st-1}, and `B st`."""
+    xs = x[st - 1]
+    return max(xs + hold + x[st] + s[st] + tfr[st], xs + s[st] + x[st] + xs + tb[st])
+
+
+@njit(cache=True, inline="always")
+def _one_stage_peak(late, t, x, s, tfr, tfl, tb):
+    """The peak (bytes) of P(t, t) (`R t`, `loss` when t = L, `B t`) or, when `late`, of Q(t, t)
+    (`R t` on the live a_t, `B t+1` above the record s_t, `B t`)."""
     xs = x[t - 1]
+    hold = _hold(late, t, x, s)
     b_peak = xs + s[t] + x[t] + xs + tb[t]
-    if late:  # `R t` on the live a_t, `B t+1` above the record s_t, then `B t`
+    if late:
         return max(max(xs + hold + s[t] + tfl[t], xs + s[t] + hold + x[t] + tb[t + 1]), b_peak)
     pk = max(xs + hold + x[t] + s[t] + tfr[t], b_peak)
     if t == x.shape[0] - 1:  # t = L: the loss makes d_L while a_L and s_L are live
@@ -304,20 +322,13 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W):
     arrays that grew are new ones."""
     x, f, fn, b, s, tff, tfr, tfl, tb, useful = K
     Ep, Et, Ec, Fp, Ft, Fc, Sp, St, Sc = W
-    L = x.shape[0] - 1
     own = 1 if late else 0  # the family of the right parts and the record's child
-    # held throughout besides a_{s-1}: the gradient d_t (t = L: made by the loss), or for Q the
-    # state before `B t+1` (a_t, s_{t+1}, d_{t+1})
-    if late:
-        hold = x[t] + s[t + 1] + x[t + 1]
-    else:
-        hold = x[t] if t < L else 0
+    hold = _hold(late, t, x, s)
     xs = x[st - 1]
     ne = 0
-    b_peak = xs + s[st] + x[st] + xs + tb[st]
     fb = f[st] + b[st]
     if st == t:
-        pk = _one_stage_peak(late, t, hold, x, s, tfr, tfl, tb)
+        pk = _one_stage_peak(late, t, x, s, tfr, tfl, tb)
         if pk <= cap:
             Ep[0] = pk
             Et[0] = fb
@@ -327,7 +338,7 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W):
         o = off[own, st + 1, t]
         nc = cnt[own, st + 1, t]
         Sp, St, Sc = _grow3(Sp, St, Sc, nc + 1)
-        floor = max(xs + hold + x[st] + s[st] + tfr[st], b_peak)
+        floor = _record_floor(st, hold, x, s, tfr, tb)
         ns = _shifted(PP, PT, o, nc, floor, xs + s[st], fb, cap, lo, RECORD, Sp, St, Sc)
         Ep, Et, Ec = _grow3(Ep, Et, Ec, ns)
         Ep[:ns] = Sp[:ns]
@@ -548,18 +559,13 @@ def _solve(K, cap, windowed, n_workers, width):
 @njit(cache=True)
 def _least_of(late, st, t, x, s, tff, tfr, tfl, tb, useful, M):
     """The least peak of P(st, t), or of Q(st, t) when `late`, from those of shorter ones in M."""
-    L = x.shape[0] - 1
     own = 1 if late else 0
-    if late:
-        hold = x[t] + s[t + 1] + x[t + 1]
-    else:
-        hold = x[t] if t < L else 0
+    hold = _hold(late, t, x, s)
     xs = x[st - 1]
-    b_peak = xs + s[st] + x[st] + xs + tb[st]
     if st == t:
-        best = _one_stage_peak(late, t, hold, x, s, tfr, tfl, tb)
+        best = _one_stage_peak(late, t, x, s, tfr, tfl, tb)
     else:
-        best = max(max(xs + hold + x[st] + s[st] + tfr[st], b_peak), M[own, st + 1, t] + xs + s[st])
+        best = max(_record_floor(st, hold, x, s, tfr, tb), M[own, st + 1, t] + xs + s[st])
     fwd = 0
     for sp in range(st + 1, t + 1):
         k = sp - 1
