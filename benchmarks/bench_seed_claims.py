@@ -2,19 +2,32 @@
 sqrt checkpointing; sqrt's recompute overhead (the seed says 30-40%); the optimal plan's overhead
 at the same memory; torch's `checkpoint_sequential` measured in the same run as the peer.
 
-Chains of residual MLP blocks (Linear -> GELU -> Linear, width 256, batch 64) from 8 to 128
+Chains of residual MLP blocks (Linear -> GELU -> Linear, width 512, batch 256) from 8 to 128
 blocks plus a loss stage. Every number is measured in this run: peaks by exact CPU allocation
-accounting (profiler.memory), times as the median of timed steps (one thread). Writes
+accounting (profiler.memory), overheads as medians over interleaved rounds (one thread). Writes
 docs/bench_seed_claims.json and docs/bench_seed_claims.png.
 
-    .venv/bin/python benchmarks/bench_seed_claims.py [--depths 8,16,32,64,128] [--steps 5]
+    .venv/bin/python benchmarks/bench_seed_claims.py [--depths 8,16,32,64,128] [--rounds 21]
+    .venv/bin/python benchmarks/bench_seed_claims.py --width 256 --batch 64 --tag _w256
+
+NOTE [ block size ]
+The chain model prices a step as the sum of its ops' profiled times. At width 512 and batch 256 an
+op takes 5-20 ms on this CPU, and what the model leaves out is under 1% of it: the executor's
+Python work per op (30-50 us) and the cost of switching between backward and forward kernels
+(0.15-0.5 ms on the first op after a switch, measured). At width 256 and batch 64 an op takes
+under 1 ms, and those costs, which a checkpointed schedule pays more often than store-all, add a
+few points to its measured overhead (the `_w256` run; docs/executor.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import math
+import random
+import resource
 import statistics
 import sys
 import time
@@ -27,11 +40,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import planner  # noqa: E402
-from executor import run_plan  # noqa: E402
+from executor import ScheduleRunner, run_plan  # noqa: E402
 from profiler.measure import profile_chain  # noqa: E402
 from profiler.memory import measure_memory  # noqa: E402
 
-WIDTH, BATCH = 256, 64
+WIDTH, BATCH = 512, 256  # NOTE [ block size ]
 
 
 class Block(nn.Module):
@@ -53,6 +66,17 @@ def chain(L):
     return [Block() for _ in range(L)] + [Loss()], torch.randn(BATCH, WIDTH)
 
 
+def runner_step(stages, x, plan):
+    """One training step of `plan` by the executor's schedule runner (no optimizer), as a callable."""
+    runner = ScheduleRunner(stages, plan.schedule, device=torch.device("cpu"))
+
+    def step():
+        runner.prepare()
+        runner.step(x)
+
+    return step
+
+
 def checkpoint_sequential_step(stages, x, segments):
     from torch.utils.checkpoint import checkpoint_sequential
 
@@ -61,18 +85,45 @@ def checkpoint_sequential_step(stages, x, segments):
     loss.backward()
 
 
-def measure_peer(stages, x, segments, steps):
+def measure_peer_peak(stages, x, segments):
+    """checkpoint_sequential's peak activation bytes (a_0 included), by exact CPU accounting."""
     for p in (p for s in stages for p in s.parameters()):
         p.grad = torch.zeros_like(p)
     checkpoint_sequential_step(stages, x, segments)  # warm
     with measure_memory("cpu") as m:
         checkpoint_sequential_step(stages, x, segments)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        checkpoint_sequential_step(stages, x, segments)
-        times.append(time.perf_counter() - t0)
-    return m.peak_bytes + x.numel() * x.element_size(), statistics.median(times)
+    return m.peak_bytes + x.numel() * x.element_size()
+
+
+def interleaved_times(steppers: dict, rounds: int) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """Seconds and minor page faults of one step of each stepper, per round; each round runs every
+    stepper once, in an order rotated from round to round (NOTE [ interleaved rounds ])."""
+    names = list(steppers)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    faults: dict[str, list[int]] = {name: [] for name in names}
+    for name in names:  # warm
+        steppers[name]()
+    gc.collect()
+    gc.disable()  # as timeit does: a collection inside a timed step is not the plan's cost
+    try:
+        for k in range(rounds):
+            for name in names[k % len(names):] + names[:k % len(names)]:
+                f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+                steppers[name]()
+                times[name].append(time.perf_counter() - t0)
+                faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+            gc.collect()
+    finally:
+        gc.enable()
+    return times, faults
+
+
+def median_ci(values: list[float], *, level: float = 0.95, resamples: int = 2000) -> tuple[float, float]:
+    """A percentile-bootstrap interval of the median of `values` (seeded, so reruns agree)."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return meds[int(tail * resamples)], meds[min(resamples - 1, int((1 - tail) * resamples))]
 
 
 def steady_allocator() -> bool:
@@ -85,7 +136,10 @@ def steady_allocator() -> bool:
     allocation pattern and on glibc's adaptive threshold, not on the work: store-all's step varied
     by 16% against its own prediction in one process. A GPU's caching allocator has no such cost,
     and neither does the chain model. For the time comparison we keep blocks up to 32 MiB (glibc's
-    maximum threshold) in the heap and never trim it; --glibc-default leaves glibc as it is.
+    maximum threshold) in the heap and trim it only above INT_MAX bytes; --glibc-default leaves
+    glibc as it is. mallopt takes a C int: a larger value (2**62 here once) wraps to 0, which
+    trims the heap at every free, and store-all then took 25,000 page faults a step, 8 in
+    steady state with INT_MAX. Each row records the median page faults per timed step.
     """
     import ctypes
     import ctypes.util
@@ -95,9 +149,10 @@ def steady_allocator() -> bool:
         return False
     try:
         libc = ctypes.CDLL(name)
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
         M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
         return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20)) and bool(
-            libc.mallopt(M_TRIM_THRESHOLD, 2**62))
+            libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
     except (OSError, AttributeError):
         return False
 
@@ -106,46 +161,43 @@ def main(argv=None):
     global WIDTH, BATCH
     ap = argparse.ArgumentParser()
     ap.add_argument("--depths", default="8,16,32,64,128")
-    ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--width", type=int, default=WIDTH, help="block width (more: less per-op overhead)")
     ap.add_argument("--batch", type=int, default=BATCH)
-    ap.add_argument("--rounds", type=int, default=5, help="NOTE [ interleaved rounds ]")
+    ap.add_argument("--rounds", type=int, default=21, help="timed steps per plan (NOTE [ interleaved rounds ])")
+    ap.add_argument("--repeats", type=int, default=5, help="profile repeats (passes over the chain)")
     ap.add_argument("--tag", default="", help="suffix of the output files (e.g. _w256)")
     ap.add_argument("--glibc-default", action="store_true",
                     help="leave glibc's malloc as it is (NOTE [ glibc and step times on the CPU ])")
     args = ap.parse_args(argv)
     WIDTH, BATCH = args.width, args.batch
     tuned = False if args.glibc_default else steady_allocator()
-    print(f"width {WIDTH}, batch {BATCH}, steps {args.steps}; glibc heap kept: {tuned}", flush=True)
+    print(f"width {WIDTH}, batch {BATCH}, rounds {args.rounds}; glibc heap kept: {tuned}", flush=True)
     torch.set_num_threads(1)
     rows = []
     for L in [int(v) for v in args.depths.split(",")]:
         stages, x = chain(L)
-        prof = profile_chain(stages, x, repeats=3, warmup=1)
+        prof = profile_chain(stages, x, repeats=args.repeats, warmup=1)
         plans = {"store-all": planner.plan(prof, strategy="store-all"),
                  "sqrt": planner.plan(prof, strategy="sqrt")}
         if "optimal" in planner.STRATEGIES:
             plans["optimal"] = planner.plan(prof, strategy="optimal",
                                             budget_bytes=plans["sqrt"].predicted.peak_bytes)
-        # NOTE [ interleaved rounds ]: each round times every plan and the peer back to back
-        # (`steps` timed steps each, median), and overheads are per-round ratios to store-all's
-        # time in the same round, their median over rounds reported: slow drifts of the
-        # machine's speed cancel in a ratio of neighbours, not in one of minutes-apart runs.
-        res = {}
+        # NOTE [ interleaved rounds ]: on a shared 2-core machine a step's time moves by 5-30%
+        # within seconds. Each round times one step of every plan and of the peer back to back
+        # (the order rotated between rounds), an overhead is the median over rounds of the ratio
+        # to store-all's step in the same round: drifts cancel in a ratio of neighbours, and a
+        # median over many short rounds leaves out the spikes. Peaks come from run_plan (exact
+        # accounting, one measured step each).
+        res = {name: run_plan(stages, x, plan, profile=prof, steps=2, optimizer="none", compare=False)
+               for name, plan in plans.items()}
         segs = max(1, round(math.sqrt(L)))
-        ratios: dict[str, list[float]] = {name: [] for name in [*plans, "peer"]}
-        times: dict[str, list[float]] = {name: [] for name in [*plans, "peer"]}
-        for _ in range(args.rounds):
-            for name, plan in plans.items():
-                r = run_plan(stages, x, plan, profile=prof, steps=args.steps + 1,
-                             optimizer="none", compare=False)
-                res[name] = r
-                times[name].append(r.measured_time_s)
-            peer_peak, peer_time = measure_peer(stages, x, segs, args.steps)
-            times["peer"].append(peer_time)
-            for name in ratios:
-                ratios[name].append(times[name][-1] / times["store-all"][-1])
+        peer_peak = measure_peer_peak(stages, x, segs)
+        steppers = {name: runner_step(stages, x, plan) for name, plan in plans.items()}
+        steppers["peer"] = functools.partial(checkpoint_sequential_step, stages, x, segs)
+        times, faults = interleaved_times(steppers, args.rounds)
+        ratios = {name: [t / sa for t, sa in zip(v, times["store-all"], strict=True)] for name, v in times.items()}
         over = {name: statistics.median(v) - 1 for name, v in ratios.items()}
+        ci = {name: median_ci(v) for name, v in ratios.items() if name != "store-all"}
         row = dict(
             depth=L,
             store_all_peak_bytes=res["store-all"].measured_peak_bytes,
@@ -163,6 +215,13 @@ def main(argv=None):
         for name in plans:  # step times (medians over rounds), for the prediction's own error
             row[f"{name}_time_measured_s"] = statistics.median(times[name])
             row[f"{name}_time_predicted_s"] = plans[name].predicted.time_s
+        for name in times:
+            row[f"{name}_step_times_s"] = times[name]
+        for name, (lo, hi) in ci.items():  # the measured overhead's 95% interval, and its data
+            row[f"{name}_overhead_ci95"] = [lo - 1, hi - 1]
+            row[f"{name}_ratios"] = ratios[name]
+        for name in faults:  # NOTE [ glibc and step times on the CPU ]
+            row[f"{name}_page_faults_per_step"] = statistics.median(faults[name])
         rows.append(row)
         print(f"L={L:4d} store-all {row['store_all_peak_bytes'] / 2**20:7.2f} MiB | sqrt "
               f"{row['sqrt_peak_bytes'] / 2**20:6.2f} MiB (pred {row['sqrt_peak_pred_bytes'] / 2**20:6.2f}) "
@@ -172,7 +231,8 @@ def main(argv=None):
               + f"checkpoint_sequential({segs}) {peer_peak / 2**20:6.2f} MiB +{row['peer_overhead_measured']:.0%}",
               flush=True)
     out = ROOT / "docs"
-    meta = dict(width=WIDTH, batch=BATCH, steps=args.steps, rounds=args.rounds,
+    meta = dict(width=WIDTH, batch=BATCH, rounds=args.rounds, profile_repeats=args.repeats,
+                profile_timing=prof.meta.get("timing"),
                 glibc_heap_kept=tuned)
     (out / f"bench_seed_claims{args.tag}.json").write_text(json.dumps(dict(meta, rows=rows), indent=2))
     import matplotlib

@@ -50,6 +50,7 @@ def profile_cmd(
     flops_per_s: Annotated[float, typer.Option(help="--analytic: throughput for times")] = 1e12,
     repeats: Annotated[int, typer.Option(help="timed runs per stage (median)")] = 5,
     warmup: Annotated[int, typer.Option(help="untimed runs per stage first")] = 2,
+    timing: Annotated[str, typer.Option(help="chain: time stages inside passes over the whole chain, as a step runs them; stage: each stage alone")] = "chain",
     optimizer: Annotated[str, typer.Option(help="adamw, adam, sgd-momentum, sgd, none")] = "adamw",
     name: Annotated[str | None, typer.Option(help="profile name")] = None,
     out: Annotated[Path | None, typer.Option(help="write the profile JSON here")] = None,
@@ -98,7 +99,8 @@ def profile_cmd(
         from profiler.schema import Profile
 
         job = remote(server).profile({"model": model, "config": fields, "analytic": analytic,
-                                      "repeats": repeats, "warmup": warmup, "device": device})
+                                      "repeats": repeats, "warmup": warmup, "timing": timing,
+                                      "device": device})
         prof = Profile.model_validate(finished_result(job))
     elif analytic:
         from profiler.analytic import conv_analytic_profile, gpt_analytic_profile
@@ -106,7 +108,7 @@ def profile_cmd(
         fn = gpt_analytic_profile if model == "gpt" else conv_analytic_profile
         prof = fn(cfg, device=device, flops_per_s=flops_per_s, optimizer=optimizer, name=name)
     else:
-        prof = _measure(model, cfg, device=device, repeats=repeats, warmup=warmup,
+        prof = _measure(model, cfg, device=device, repeats=repeats, warmup=warmup, timing=timing,
                         optimizer=optimizer, autocast=autocast, name=name)
     if out is not None:
         out.write_text(prof.model_dump_json(indent=1) + "\n")
@@ -116,7 +118,7 @@ def profile_cmd(
         _print_profile(prof, out)
 
 
-def _measure(model, cfg, *, device, repeats, warmup, optimizer, autocast, name):
+def _measure(model, cfg, *, device, repeats, warmup, timing, optimizer, autocast, name):
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -140,8 +142,8 @@ def _measure(model, cfg, *, device, repeats, warmup, optimizer, autocast, name):
             bar.update(task, completed=done, description=f"{label}: {what}")
 
         return profile_chain(
-            stages, x, device=device, repeats=repeats, warmup=warmup, optimizer=optimizer,
-            autocast_dtype=autocast, name=label, progress=progress,
+            stages, x, device=device, repeats=repeats, warmup=warmup, timing=timing,
+            optimizer=optimizer, autocast_dtype=autocast, name=label, progress=progress,
         )
 
 

@@ -84,6 +84,6 @@ def profile_job(request: dict[str, Any], ctx: Any) -> Any:
     stages, x = getattr(importlib.import_module(module), builder)(cfg, device=device)
     return profile_chain(
         stages, x, device=device, repeats=request.get("repeats", 5), warmup=request.get("warmup", 2),
-        name=model, autocast_dtype=request.get("dtype") if request.get("dtype") not in (None, "float32") else None,
+        timing=request.get("timing", "chain"), name=model, autocast_dtype=request.get("dtype") if request.get("dtype") not in (None, "float32") else None,
         progress=lambda done, total, what: ctx.progress(done / total if total else 0.0, f"profiling {what}"),
     )

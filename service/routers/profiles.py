@@ -43,6 +43,8 @@ class ProfileRequest(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     repeats: int = Field(default=5, ge=1, le=1000, description="timed repeats (median)")
     warmup: int = Field(default=2, ge=0, le=100)
+    timing: Literal["chain", "stage"] = Field(
+        default="chain", description="chain: stages timed inside passes over the whole chain; stage: each alone")
     device: str | None = Field(default=None, max_length=32, description="null: the server's device")
 
 

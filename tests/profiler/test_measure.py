@@ -4,6 +4,7 @@ real step, fixed memory, and errors that name the stage."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 import torch
@@ -183,6 +184,49 @@ def test_stage_on_other_device_is_named():
         profile_chain([_Lin(), b], torch.randn(2, 4))
 
 
+class _SleepGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class _Sleepy(nn.Module):
+    """A stage that sleeps known seconds in its recorded forward, its backward and its forward
+    under no_grad, so that each timing can be checked for landing on the right stage and op."""
+
+    def __init__(self, forward_s=0.0, backward_s=0.0, nograd_s=0.0):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+        self.forward_s, self.backward_s, self.nograd_s = forward_s, backward_s, nograd_s
+
+    def forward(self, x):
+        time.sleep(self.forward_s if torch.is_grad_enabled() else self.nograd_s)
+        return _SleepGrad.apply(x * self.w, self.backward_s)
+
+
+class _Loss(nn.Module):
+    def forward(self, x):
+        return x.pow(2).mean()
+
+
+@pytest.mark.parametrize("timing", ["chain", "stage"])
+def test_each_time_lands_on_its_stage_and_op(timing):
+    # 40 ms sleeps, each in one op of one stage; everything else takes well under 20 ms
+    stages = [_Sleepy(forward_s=0.04), _Sleepy(backward_s=0.04), _Sleepy(nograd_s=0.04), _Loss()]
+    prof = profile_chain(stages, torch.randn(2, 4), repeats=1, warmup=0, timing=timing)
+    assert prof.meta["timing"] == timing
+    got = [(ly.forward_s >= 0.04, ly.backward_s >= 0.04, ly.forward_nograd_s >= 0.04) for ly in prof.layers]
+    assert got == [(True, False, False), (False, True, False), (False, False, True), (False, False, False)]
+    small = [t for ly in prof.layers for t in (ly.forward_s, ly.backward_s, ly.forward_nograd_s) if t < 0.04]
+    assert max(small) < 0.02
+
+
 def test_bad_options():
     with pytest.raises(ProfileError, match="repeats"):
         profile_chain([_Lin()], torch.randn(2, 4), repeats=0)
@@ -190,6 +234,8 @@ def test_bad_options():
         profile_chain([], torch.randn(2, 4))
     with pytest.raises(ProfileError, match="optimizer"):
         profile_chain([_Lin()], torch.randn(2, 4), optimizer="lion")
+    with pytest.raises(ProfileError, match="timing: choose one of chain, stage, not 'loop'"):
+        profile_chain([_Lin()], torch.randn(2, 4), timing="loop")
 
 
 @pytest.mark.gpu

@@ -30,7 +30,8 @@ def test_real_run_and_profile(real_server):
     pytest.importorskip("executor.pipeline")
     with httpx.Client(base_url=real_server.url, timeout=30) as c:
         run = c.post("/v1/runs", json={"model": "gpt", "config": TINY, "steps": 2, "strategy": "sqrt", "device": "cpu"})
-        prof = c.post("/v1/profiles", json={"model": "gpt", "config": TINY, "repeats": 1, "warmup": 0, "device": "cpu"})
+        prof = c.post("/v1/profiles", json={"model": "gpt", "config": TINY, "repeats": 1, "warmup": 0, "timing": "stage",
+                                          "device": "cpu"})
         bad = c.post("/v1/runs", json={"config": {"colour": "red"}, "steps": 1, "device": "cpu"})
         job = _finish(c, run.headers["location"])
         assert job["state"] == "succeeded", job
@@ -39,6 +40,7 @@ def test_real_run_and_profile(real_server):
         assert report["measured_peak_bytes"] > 0 and report["extras"]["plan"]["strategy"] == "sqrt"
         p = _finish(c, prof.headers["location"])
         assert p["state"] == "succeeded" and len(p["result"]["layers"]) == 4
+        assert p["result"]["meta"]["timing"] == "stage"
         # a profile from the server plans like any other
         plan = c.post("/v1/plans", json={"profile": p["result"], "strategy": "store-all"})
         assert plan.status_code == 200 and plan.json()["feasible"]
