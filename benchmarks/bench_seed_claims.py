@@ -138,7 +138,7 @@ def steady_allocator() -> bool:
     and neither does the chain model. For the time comparison we keep blocks up to 32 MiB (glibc's
     maximum threshold) in the heap and trim it only above INT_MAX bytes; --glibc-default leaves
     glibc as it is. mallopt takes a C int: a larger value (2**62 here once) wraps to 0, which
-    trims the heap at every free, and store-all then took 25,000 page faults a step, 8 in
+    trims the heap at every free, and store-all then took 25,000 page faults a step, 0-4 in
     steady state with INT_MAX. Each row records the median page faults per timed step.
     """
     import ctypes

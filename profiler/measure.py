@@ -426,44 +426,28 @@ def _time_stage(stage, x_prev, first, dev, ctx, repeats, warmup) -> tuple[float,
     fwd: list[float] = []
     bwd: list[float] = []
     nograd: list[float] = []
+    clock = _Clock(dev)
     for r in range(warmup + repeats):
         x = _stage_input(x_prev, first)
-        if dev.type == "cuda":
-            e0, e1, e2, e3, e4 = (torch.cuda.Event(enable_timing=True) for _ in range(5))
-            _sync(dev)
-            e0.record()
-            with ctx():
-                out = stage(x)
-            e1.record()
-            if out.requires_grad:
-                torch.autograd.backward(out, torch.ones_like(out))
-            e2.record()
-            del out
-            e3.record()
-            with torch.no_grad(), ctx():
-                out = stage(x)
-            e4.record()
-            _sync(dev)
-            f_s, b_s = e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3
-            n_s = e3.elapsed_time(e4) / 1e3
+        clock.mark()
+        with ctx():
+            out = stage(x)
+        clock.mark()
+        if out.requires_grad:
+            grad = torch.ones_like(out)  # made outside the timed span
+            clock.mark()
+            torch.autograd.backward(out, grad)
+            clock.mark()
+            del grad
         else:
-            t0 = time.perf_counter()
-            with ctx():
-                out = stage(x)
-            t1 = time.perf_counter()
-            if out.requires_grad:
-                grad = torch.ones_like(out)
-                t1b = time.perf_counter()
-                torch.autograd.backward(out, grad)
-                t2 = time.perf_counter()
-            else:
-                t1b = t2 = t1
-            f_s, b_s = t1 - t0, t2 - t1b
-            del out
-            t3 = time.perf_counter()
-            with torch.no_grad(), ctx():
-                out = stage(x)
-            n_s = time.perf_counter() - t3
+            clock.mark()
+            clock.mark()
+        del out
+        clock.mark()
+        with torch.no_grad(), ctx():
+            out = stage(x)
+        clock.mark()
+        f_s, b_s, n_s = _spans(clock.take())
         del out, x
         if r >= warmup:
             fwd.append(f_s)
