@@ -12,7 +12,9 @@ the store). Progress and starts reach the backend through a small actor (`_Sink`
 NOTE [ Failure handling ]
 - A task whose worker process dies (killed, out of memory, node lost) is retried by Ray, up to
   `ray_max_retries` times (`max_retries`; application errors are not retried: they are the job's
-  answer). Each start is counted in the job's `attempts`, with a log event.
+  answer). Each start is counted in the job's `attempts`, with a log event; the task reports its
+  start and waits for the backend's sink to hold it before the job function runs, so a worker
+  killed at once still counts.
 - Cancel: the API flags the job; the backend calls `ray.cancel(ref, force=True)`, which ends the
   task's worker process (and so frees its device memory), and records the job as cancelled.
 - A task asking for more than the whole cluster has (a cuda run on a cluster with no GPU) would
@@ -78,7 +80,13 @@ def execute(path: str, request: dict[str, Any], *, job_id: str = "", device: str
     from service.jobs._proc import import_object
 
     if sink is not None:
-        sink.put.remote(job_id, "started", {"pid": os.getpid(), "node": socket.gethostname()})
+        # Waited for: an actor call is sent asynchronously, and one still buffered when this worker
+        # process is killed is lost, so the start would go uncounted (NOTE [ Failure handling ]).
+        started = sink.put.remote(job_id, "started", {"pid": os.getpid(), "node": socket.gethostname()})
+        try:
+            require_ray().get(started, timeout=30)
+        except Exception as err:  # noqa: BLE001 - a slow sink must not stop the job
+            log.warning("job %s: the start was not acknowledged by the backend: %s", job_id, err)
     ctx = _TaskContext(sink, job_id, device)
     try:
         fn = import_object(path)
