@@ -8,6 +8,7 @@ accounting (profiler.memory), overheads as medians over interleaved rounds (one 
 docs/bench_seed_claims.json and docs/bench_seed_claims.png.
 
     .venv/bin/python benchmarks/bench_seed_claims.py [--depths 8,16,32,64,128] [--rounds 21]
+        [--precision 0.08] [--max-minutes 8]
     .venv/bin/python benchmarks/bench_seed_claims.py --width 256 --batch 64 --tag _w256
 
 NOTE [ block size ]
@@ -25,12 +26,15 @@ import argparse
 import functools
 import gc
 import json
+import logging
 import math
 import random
 import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -45,6 +49,7 @@ from profiler.measure import profile_chain  # noqa: E402
 from profiler.memory import measure_memory  # noqa: E402
 
 WIDTH, BATCH = 512, 256  # NOTE [ block size ]
+log = logging.getLogger("bench_seed_claims")
 
 
 class Block(nn.Module):
@@ -95,27 +100,85 @@ def measure_peer_peak(stages, x, segments):
     return m.peak_bytes + x.numel() * x.element_size()
 
 
-def interleaved_times(steppers: dict, rounds: int) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+class InterleavedRounds:
     """Seconds and minor page faults of one step of each stepper, per round; each round runs every
     stepper once, in an order rotated from round to round (NOTE [ interleaved rounds ])."""
-    names = list(steppers)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    faults: dict[str, list[int]] = {name: [] for name in names}
-    for name in names:  # warm
-        steppers[name]()
-    gc.collect()
-    gc.disable()  # as timeit does: a collection inside a timed step is not the plan's cost
-    try:
-        for k in range(rounds):
-            for name in names[k % len(names):] + names[:k % len(names)]:
-                f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
-                steppers[name]()
-                times[name].append(time.perf_counter() - t0)
-                faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
-            gc.collect()
-    finally:
-        gc.enable()
-    return times, faults
+
+    def __init__(self, steppers: dict) -> None:
+        self.steppers = steppers
+        self.names = list(steppers)
+        self.times: dict[str, list[float]] = {name: [] for name in self.names}
+        self.faults: dict[str, list[int]] = {name: [] for name in self.names}
+        for name in self.names:  # warm
+            steppers[name]()
+
+    @property
+    def done(self) -> int:
+        return len(self.times[self.names[0]])
+
+    def run(self, rounds: int) -> None:
+        """Time `rounds` more rounds."""
+        gc.collect()
+        gc.disable()  # as timeit does: a collection inside a timed step is not the plan's cost
+        try:
+            for _ in range(rounds):
+                k = self.done % len(self.names)
+                for name in self.names[k:] + self.names[:k]:
+                    f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+                    self.steppers[name]()
+                    self.times[name].append(time.perf_counter() - t0)
+                    self.faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+                gc.collect()
+        finally:
+            gc.enable()
+
+    def ratios(self, name: str, base: str) -> list[float]:
+        """Per round: `name`'s step time over `base`'s in the same round."""
+        return [t / b for t, b in zip(self.times[name], self.times[base], strict=True)]
+
+
+def time_to_precision(rounds: InterleavedRounds, *, base: str, judged: list[str], min_rounds: int,
+                      precision: float, max_seconds: float, chunk: int = 4,
+                      progress: Callable[[int], None] | None = None) -> bool:
+    """Run rounds until each plan in `judged` has a 95% interval of its overhead (ratio to `base`,
+    minus 1) no wider than +-`precision` x its median overhead, after at least `min_rounds`, or
+    until `max_seconds` have passed; True when the precision was reached.
+
+    NOTE [ rounds to a precision ]
+    A step's time on this shared machine moves 5-15% from one second to the next, and a ratio of
+    two neighbouring steps by 7-17 points of overhead: 21 rounds left a 95% interval of +-5-7
+    points around overheads of 25-30%, as wide as the 15% the comparison allows. How many rounds
+    bring it to a given width depends on the machine's noise at the time, so the rounds are not
+    fixed: they go on until the interval is narrow enough. The rule looks at the measured ratios
+    only, never at the prediction, so it cannot stop on a lucky agreement.
+    """
+    t0 = time.monotonic()
+    while True:
+        todo = min_rounds - rounds.done if rounds.done < min_rounds else chunk
+        rounds.run(todo)
+        if progress is not None:
+            progress(rounds.done)
+        if rounds.done >= min_rounds and all(_precise(rounds.ratios(n, base), precision) for n in judged):
+            return True
+        if time.monotonic() - t0 > max_seconds:
+            return False
+
+
+def _precise(ratios: list[float], precision: float) -> bool:
+    lo, hi = median_ci(ratios, resamples=1000)
+    over = statistics.median(ratios) - 1
+    return over > 0 and (hi - lo) / 2 <= precision * over
+
+
+@contextmanager
+def _bar(what: str):
+    """A progress bar (rich, on stderr) counting rounds; it has no total: the rounds end on precision."""
+    from rich.console import Console
+    from rich.progress import Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description} {task.completed}"), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        yield bar, bar.add_task(what, total=None)
 
 
 def median_ci(values: list[float], *, level: float = 0.95, resamples: int = 2000) -> tuple[float, float]:
@@ -163,15 +226,24 @@ def main(argv=None):
     ap.add_argument("--depths", default="8,16,32,64,128")
     ap.add_argument("--width", type=int, default=WIDTH, help="block width (more: less per-op overhead)")
     ap.add_argument("--batch", type=int, default=BATCH)
-    ap.add_argument("--rounds", type=int, default=21, help="timed steps per plan (NOTE [ interleaved rounds ])")
-    ap.add_argument("--repeats", type=int, default=5, help="profile repeats (passes over the chain)")
+    ap.add_argument("--rounds", type=int, default=21,
+                    help="at least this many timed steps per plan (NOTE [ interleaved rounds ])")
+    ap.add_argument("--precision", type=float, default=0.08,
+                    help="more rounds until each plan's 95%% interval of its overhead is within +- this "
+                    "fraction of it (NOTE [ rounds to a precision ]); 0: exactly --rounds")
+    ap.add_argument("--max-minutes", type=float, default=8.0, help="at most this long timing one depth")
+    ap.add_argument("--repeats", type=int, default=11, help="profile repeats (passes over the chain)")
     ap.add_argument("--tag", default="", help="suffix of the output files (e.g. _w256)")
     ap.add_argument("--glibc-default", action="store_true",
                     help="leave glibc's malloc as it is (NOTE [ glibc and step times on the CPU ])")
     args = ap.parse_args(argv)
+    if args.rounds < 1 or args.repeats < 1 or args.precision < 0 or args.max_minutes <= 0:
+        ap.error("--rounds and --repeats: at least 1; --precision: at least 0; --max-minutes: above 0")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     WIDTH, BATCH = args.width, args.batch
     tuned = False if args.glibc_default else steady_allocator()
-    print(f"width {WIDTH}, batch {BATCH}, rounds {args.rounds}; glibc heap kept: {tuned}", flush=True)
+    log.info("width %d, batch %d, at least %d rounds, precision +-%g, at most %g min per depth; "
+             "glibc heap kept: %s", WIDTH, BATCH, args.rounds, args.precision, args.max_minutes, tuned)
     torch.set_num_threads(1)
     rows = []
     for L in [int(v) for v in args.depths.split(",")]:
@@ -194,8 +266,15 @@ def main(argv=None):
         peer_peak = measure_peer_peak(stages, x, segs)
         steppers = {name: runner_step(stages, x, plan) for name, plan in plans.items()}
         steppers["peer"] = functools.partial(checkpoint_sequential_step, stages, x, segs)
-        times, faults = interleaved_times(steppers, args.rounds)
-        ratios = {name: [t / sa for t, sa in zip(v, times["store-all"], strict=True)] for name, v in times.items()}
+        rounds = InterleavedRounds(steppers)
+        judged = [name for name in plans if name != "store-all"]
+        with _bar(f"L={L}: rounds") as (bar, task):
+            precise = time_to_precision(
+                rounds, base="store-all", judged=judged, min_rounds=args.rounds,
+                precision=args.precision if args.precision > 0 else math.inf,
+                max_seconds=60 * args.max_minutes, progress=lambda n: bar.update(task, completed=n))
+        times, faults = rounds.times, rounds.faults
+        ratios = {name: rounds.ratios(name, "store-all") for name in times}
         over = {name: statistics.median(v) - 1 for name, v in ratios.items()}
         ci = {name: median_ci(v) for name, v in ratios.items() if name != "store-all"}
         row = dict(
@@ -207,6 +286,8 @@ def main(argv=None):
             sqrt_overhead_predicted=plans["sqrt"].predicted.overhead,
             peer_peak_bytes=peer_peak,
             peer_overhead_measured=over["peer"],
+            rounds=rounds.done,
+            precision_reached=precise if args.precision > 0 else None,
         )
         if "optimal" in res:
             row.update(optimal_peak_bytes=res["optimal"].measured_peak_bytes,
@@ -223,15 +304,18 @@ def main(argv=None):
         for name in faults:  # NOTE [ glibc and step times on the CPU ]
             row[f"{name}_page_faults_per_step"] = statistics.median(faults[name])
         rows.append(row)
-        print(f"L={L:4d} store-all {row['store_all_peak_bytes'] / 2**20:7.2f} MiB | sqrt "
+        if args.precision > 0 and not precise:
+            log.warning("L=%d: the overhead's 95%% interval is still wider than +-%g of it after %d rounds "
+                        "(--max-minutes %g)", L, args.precision, rounds.done, args.max_minutes)
+        log.info(f"L={L:4d} ({rounds.done} rounds) store-all {row['store_all_peak_bytes'] / 2**20:7.2f} MiB | sqrt "
               f"{row['sqrt_peak_bytes'] / 2**20:6.2f} MiB (pred {row['sqrt_peak_pred_bytes'] / 2**20:6.2f}) "
               f"+{row['sqrt_overhead_measured']:.0%} (pred +{row['sqrt_overhead_predicted']:.0%}) | "
               + (f"optimal {row['optimal_peak_bytes'] / 2**20:6.2f} MiB +{row['optimal_overhead_measured']:.0%} "
                  f"(pred +{row['optimal_overhead_predicted']:.0%}) | " if "optimal_peak_bytes" in row else "")
-              + f"checkpoint_sequential({segs}) {peer_peak / 2**20:6.2f} MiB +{row['peer_overhead_measured']:.0%}",
-              flush=True)
+              + f"checkpoint_sequential({segs}) {peer_peak / 2**20:6.2f} MiB +{row['peer_overhead_measured']:.0%}")
     out = ROOT / "docs"
-    meta = dict(width=WIDTH, batch=BATCH, rounds=args.rounds, profile_repeats=args.repeats,
+    meta = dict(width=WIDTH, batch=BATCH, min_rounds=args.rounds, precision=args.precision,
+                max_minutes_per_depth=args.max_minutes, profile_repeats=args.repeats,
                 profile_timing=prof.meta.get("timing"),
                 glibc_heap_kept=tuned)
     (out / f"bench_seed_claims{args.tag}.json").write_text(json.dumps(dict(meta, rows=rows), indent=2))
