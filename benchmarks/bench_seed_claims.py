@@ -269,10 +269,14 @@ def main(argv=None):
         rounds = InterleavedRounds(steppers)
         judged = [name for name in plans if name != "store-all"]
         with _bar(f"L={L}: rounds") as (bar, task):
-            precise = time_to_precision(
-                rounds, base="store-all", judged=judged, min_rounds=args.rounds,
-                precision=args.precision if args.precision > 0 else math.inf,
-                max_seconds=60 * args.max_minutes, progress=lambda n: bar.update(task, completed=n))
+            if args.precision > 0:
+                precise = time_to_precision(
+                    rounds, base="store-all", judged=judged, min_rounds=args.rounds,
+                    precision=args.precision, max_seconds=60 * args.max_minutes,
+                    progress=lambda n: bar.update(task, completed=n))
+            else:  # exactly --rounds, whatever the overheads
+                rounds.run(args.rounds)
+                precise = None
         times, faults = rounds.times, rounds.faults
         ratios = {name: rounds.ratios(name, "store-all") for name in times}
         over = {name: statistics.median(v) - 1 for name, v in ratios.items()}
@@ -287,7 +291,7 @@ def main(argv=None):
             peer_peak_bytes=peer_peak,
             peer_overhead_measured=over["peer"],
             rounds=rounds.done,
-            precision_reached=precise if args.precision > 0 else None,
+            precision_reached=precise,
         )
         if "optimal" in res:
             row.update(optimal_peak_bytes=res["optimal"].measured_peak_bytes,
@@ -304,7 +308,7 @@ def main(argv=None):
         for name in faults:  # NOTE [ glibc and step times on the CPU ]
             row[f"{name}_page_faults_per_step"] = statistics.median(faults[name])
         rows.append(row)
-        if args.precision > 0 and not precise:
+        if precise is False:
             log.warning("L=%d: the overhead's 95%% interval is still wider than +-%g of it after %d rounds "
                         "(--max-minutes %g)", L, args.precision, rounds.done, args.max_minutes)
         log.info(f"L={L:4d} ({rounds.done} rounds) store-all {row['store_all_peak_bytes'] / 2**20:7.2f} MiB | sqrt "
