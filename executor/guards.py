@@ -72,11 +72,15 @@ class _RngState:
             self.cuda = torch.cuda.default_generators[idx].clone_state()
 
     def restore(self) -> None:
+        """Put the generators back to the kept states; repeatable (the kept states never move)."""
         # CPU generators cannot take a Generator state directly; the tensor made here is freed at once
         torch.default_generator.set_state(self.cpu.get_state())
         if self.cuda is not None:
             idx = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            torch.cuda.default_generators[idx].graphsafe_set_state(self.cuda)
+            # graphsafe_set_state shares the given state object with the generator, which then
+            # advances it: hand over a copy, or the next restore of this snapshot (a stage
+            # forwarded three times in a step) would start from where the recompute left it
+            torch.cuda.default_generators[idx].graphsafe_set_state(self.cuda.clone_state())
 
 
 class _Buffers:

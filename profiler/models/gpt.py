@@ -42,6 +42,7 @@ blocks each sample ran and their FLOPs) is reported by `gpt_report`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import warnings
@@ -241,7 +242,12 @@ def _flash_unavailable(q: torch.Tensor, dropout_p: float) -> str | None:
 
     small = torch.zeros(1, 1, 2, q.shape[-1], dtype=q.dtype, device=q.device)
     reason = None
-    with warnings.catch_warnings(record=True) as caught:
+    # the probe's dropout must not move the random stream: the run that probes first would
+    # otherwise draw other masks than one whose probe was cached (the executor's reference step)
+    cuda = [q.device.index if q.device.index is not None else torch.cuda.current_device()] \
+        if q.device.type == "cuda" else []
+    keep_rng = torch.random.fork_rng(devices=cuda) if dropout_p > 0 else contextlib.nullcontext()
+    with warnings.catch_warnings(record=True) as caught, keep_rng:
         warnings.simplefilter("always")
         try:
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):

@@ -13,6 +13,7 @@ gpt = pytest.importorskip("profiler.models.gpt")
 measure = pytest.importorskip("profiler.measure")
 
 from executor import run_plan  # noqa: E402
+from executor.compare import TOLERANCE  # noqa: E402
 
 TINY = dict(n_layer=3, n_embd=32, n_head=2, block_size=16, vocab_size=64, batch_size=4)
 FEATURES = {
@@ -67,6 +68,15 @@ def test_conv_chain_batchnorm_every_strategy():
         r = run_plan(stages, x, plan, profile=prof, steps=3)
         assert r.status == "ok" and r.buffer_max_abs_diff == 0.0, (strategy, r.message)
         assert abs(r.peak_error_pct) <= 2.0, (strategy, r.peak_error_pct)
+
+
+def test_a_model_built_in_bfloat16_is_judged_at_its_tolerance():
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY, dtype="bfloat16"))
+    prof = measure.profile_chain(stages, idx, repeats=1, warmup=0)
+    r = run_plan(stages, idx, planner.plan(prof, strategy="sqrt"), profile=prof, steps=2)
+    assert r.dtype == "bfloat16" and r.tolerance == TOLERANCE["bfloat16"]
+    assert r.status == "ok", r.message
+    assert r.measured_fixed_bytes == prof.fixed_bytes
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -172,3 +172,69 @@ def test_invalid_schedule_and_options_are_refused():
         run_plan(stages, a0, plan, profile=prof, optimizer="lion")
     with pytest.raises(ExecutorError, match="autocast_dtype"):
         run_plan(stages, a0, plan, profile=prof, autocast_dtype=torch.int8)
+
+
+class _JitterFn(torch.autograd.Function):
+    """Identity whose backward scales the gradient by 1 + 2^-23 (one float32 ulp) on every other
+    call: the reference and the planned run (one backward each per step) get gradients apart in
+    the last bits, as a GPU's atomic adds summing in another order give."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        _JitterFn.calls += 1
+        return g * (1 + 2.0**-23) if _JitterFn.calls % 2 else g
+
+
+class _Jitter(torch.nn.Module):
+    def forward(self, x):
+        return _JitterFn.apply(x)
+
+
+def _store_all_run(stages, x, **kw):
+    prof = _profile_like(stages, x)
+    return run_plan(stages, x, planner.plan(prof, strategy="store-all"), profile=prof, **kw)
+
+
+def test_every_step_starts_from_the_planned_state():
+    # the planned model is moved after each step (as a last-bit gradient difference and AdamW
+    # would move it); the reference follows, so every step's gradients stay bitwise equal
+    stages, x = mlp_chain(3, width=32, batch=16, batchnorm=False, dropout=0.0)
+
+    def nudge(step, steps):
+        with torch.no_grad():
+            stages[0].fc.weight.add_(1e-3)
+
+    r = _store_all_run(stages, x, steps=3, on_step=nudge)
+    assert [s.grad_max_abs_diff for s in r.step_records] == [0.0, 0.0, 0.0]
+    # after the last step nothing follows: the parameters are judged, and differ
+    assert r.status == "mismatch" and r.message.startswith("parameters differ after 3 steps")
+
+
+def _two_learning_rates():
+    made = []
+
+    def factory(params):  # the planned model's optimizer first, then the reference's
+        made.append(torch.optim.SGD(params, lr=1e-2 * (1 + 0.01 * len(made))))
+        return made[-1]
+    return factory
+
+
+@pytest.mark.parametrize("jitter", [False, True])
+def test_parameters_judged_only_after_bitwise_gradients(jitter):
+    stages, x = mlp_chain(3, width=32, batch=16, batchnorm=False, dropout=0.0)
+    if jitter:
+        stages.insert(2, _Jitter())
+    r = _store_all_run(stages, x, steps=2, optimizer=_two_learning_rates())
+    assert r.param_max_abs_diff > 0  # the optimizers differ on purpose
+    if jitter:  # gradients within tolerance but not bitwise: the update is not judged
+        assert 0 < r.grad_max_rel_diff <= r.tolerance
+        assert r.status == "ok" and "parameters not judged" in r.message, r.message
+    else:
+        assert r.grad_max_abs_diff == 0.0
+        assert r.status == "mismatch" and r.message.startswith("parameters differ"), r.message
