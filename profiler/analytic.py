@@ -15,13 +15,15 @@ channels are pruned, executor.features.prune), per block (dropout 0):
     attention, flash    q, k, v: the c_attn output (one storage)              3 e BTD
                         the output (which is also c_proj's input)               e BTD
                         logsumexp, fp32                                        4 BHT
+                        on a GPU, the RNG state (philox seed and offset)          24
     attention, math     q (scaled), k^T, v as fresh copies                    3 m BTD
                         softmax probabilities                                   m BHT^2
                         c_proj's input (the transposed output made contiguous)  e BTD
     MLP                 c_fc output (GELU's input), GELU output (c_proj input) 2 e BTF
 
 where s (the LayerNorm statistics) is e on the CPU and 4 on a GPU, and m (the math path's
-precision) is 4 on the CPU for 16-bit inputs (PyTorch upcasts there) and e otherwise. Dense flash
+precision) is 4 for 16-bit inputs (PyTorch upcasts them; measured on the CPU and, with torch 2.11,
+on an H200) and e otherwise. On a GPU the flash kernel also saves its RNG state: 24 bytes. Dense flash
 (D = C, F = 4C):
     s_block = 15 e BTC + 4 s BT + 4 BHT,
 against Korthikanti et al. 2022 ("Reducing activation recomputation in large transformer
@@ -128,11 +130,13 @@ def gpt_block_saved_bytes(cfg: Any, *, device: str = "cpu") -> int:
     _, D, F = _widths(c)
     e = _ELEMENT[c["dtype"]]
     s = e if kind == "cpu" else 4
-    m = 4 if (kind == "cpu" and e == 2) else e
+    m = 4 if e == 2 else e
     N = B * T
     saved = e * N * C + 2 * e * N * C + 4 * s * N  # ln_2 input, ln outputs, statistics
     if c["attention"] == "flash":
         saved += 3 * e * N * D + e * N * D + 4 * B * H * T  # qkv, output, logsumexp
+        if kind == "cuda":  # the kernel's RNG state: philox seed and offset (uint64[2]) and an int64
+            saved += 24
     else:
         saved += 3 * m * N * D + m * B * H * T * T + e * N * D  # q, k^T, v, probs, c_proj input
     E = c["moe_experts"]
@@ -235,7 +239,7 @@ def gpt_analytic_profile(
             forward_temp_bytes=tf, backward_temp_bytes=tb, param_bytes=pbytes, flops=float(flops),
         )
 
-    m = 4 if (kind == "cpu" and e == 2) else e
+    m = 4 if e == 2 else e
     attn_tmp = 0 if c["attention"] == "flash" else 2 * m * B * H * T * T
     layers = [
         stage("embed", "embed", 0, hidden, 8 * T, hidden + e * T * C, e * (V + T) * C, e * params["embed"]),

@@ -23,9 +23,9 @@ def test_korthikanti_gpt3_layer():
 def test_ours_is_below_korthikanti_for_bf16_flash():
     cfg = dict(block_size=1024, n_embd=768, n_head=12, batch_size=8, dtype="bfloat16")
     ours, theirs = gpt_block_saved_bytes(cfg, device="cuda"), korthikanti_block_bytes(cfg)
-    # 15 e BTC + 16 BT + 4 BHT against 34 BTC + 5 a T^2 B
+    # 15 e BTC + 16 BT + 4 BHT + 24 (the flash kernel's RNG state, on a GPU) against 34 BTC + 5 a T^2 B
     B, T, C, H = 8, 1024, 768, 12
-    assert ours == 30 * B * T * C + 16 * B * T + 4 * B * H * T
+    assert ours == 30 * B * T * C + 16 * B * T + 4 * B * H * T + 24
     assert ours < theirs
 
 

@@ -18,16 +18,21 @@ from profiler.models.gpt import build_gpt
 from tests.conftest import one_off_bytes
 from tests.profiler.conftest import step_peak_bytes
 
-CASES = list(itertools.product(["float32", "bfloat16"], ["flash", "math"], [0, 1, 2]))
+CASES = [(*case, "cpu") for case in itertools.product(["float32", "bfloat16"], ["flash", "math"], [0, 1, 2])]
+# on a GPU flash runs in 16-bit only; the analytic profile's GPU terms (fp32 LayerNorm statistics,
+# 16-bit math path) are checked there
+CUDA_CASES = [pytest.param(*case, "cuda", marks=pytest.mark.gpu) for case in
+              [("bfloat16", "flash", 0), ("bfloat16", "flash", 2), ("float32", "math", 0),
+               ("bfloat16", "math", 1)]]
 
 
-@pytest.mark.parametrize("dtype,attention,top_k", CASES)
-def test_measured_bytes_equal_analytic(tiny_gpt, dtype, attention, top_k):
+@pytest.mark.parametrize("dtype,attention,top_k,device", CASES + CUDA_CASES)
+def test_measured_bytes_equal_analytic(tiny_gpt, dtype, attention, top_k, device):
     moe = dict(moe_experts=4, moe_top_k=top_k) if top_k else {}
     cfg = tiny_gpt(dtype=dtype, attention=attention, **moe)
-    stages, idx = build_gpt(cfg)
+    stages, idx = build_gpt(cfg, device=device)
     measured = profile_chain(stages, idx, repeats=1, warmup=0)
-    analytic = gpt_analytic_profile(cfg, device="cpu")
+    analytic = gpt_analytic_profile(cfg, device=device)
     assert measured.meta["attention_backend"] == attention
     assert measured.input_bytes == analytic.input_bytes
     assert measured.fixed_bytes == analytic.fixed_bytes
@@ -37,9 +42,11 @@ def test_measured_bytes_equal_analytic(tiny_gpt, dtype, attention, top_k):
         )
         assert m.flops == a.flops
         # the forward leaves exactly its output and its saved tensors allocated (a few bytes of
-        # detached aux-loss values with MoE)
-        extra = measured.meta["stages"][measured.layers.index(m)]["retained_other_bytes"]
-        assert 0 <= extra <= 64
+        # detached aux-loss values with MoE; on a GPU the caching allocator rounds each block up
+        # to 512 bytes, which the allocated level counts and the storages' sizes do not)
+        meta = measured.meta["stages"][measured.layers.index(m)]
+        rounding = 512 * (meta["saved_tensors"] + 2) if device == "cuda" else 0
+        assert 0 <= meta["retained_other_bytes"] <= 64 + rounding
 
 
 def test_moe_tokens_are_dropped_in_the_tested_config(tiny_gpt):
