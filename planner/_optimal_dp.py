@@ -56,7 +56,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from planner.simulate import nograd_forward_s
+from planner.simulate import nograd_forward_s, nograd_forward_temp_bytes
 
 __all__ = ["Costs", "Frontiers", "solve", "costs_of", "schedule_ops", "least_peak", "group_costs",
            "expand_ops", "late_useful", "late_useful_of"]
@@ -99,8 +99,8 @@ def costs_of(profile) -> Costs:
         f=[0.0] + [la.forward_s for la in layers],
         b=[0.0] + [la.backward_s for la in layers],
         s=[0] + [la.saved_bytes for la in layers],
-        tf_f=tf,
-        tf_r=list(tf),
+        tf_f=[0] + nograd_forward_temp_bytes(profile),  # NOTE [ no-grad forward bytes ]
+        tf_r=tf,
         tf_l=list(tf),
         tb=[0] + [la.backward_temp_bytes for la in layers],
     )

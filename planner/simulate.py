@@ -78,6 +78,24 @@ def nograd_forward_s(prof: Profile) -> list[float]:
             for layer in prof.layers]
 
 
+def nograd_forward_temp_bytes(prof: Profile) -> list[int]:
+    """Transient bytes of each stage's unrecorded forward (`F`), stages 1..L:
+    `forward_nograd_temp_bytes` where the profile has it, else `forward_temp_bytes`.
+
+    NOTE [ no-grad forward bytes ]
+    `tf_i` is measured on the recorded forward: its peak minus what it leaves allocated, and what
+    it leaves includes the record s_i. Under torch.no_grad() nothing is kept, so the tensors a
+    recorded forward saves are freed as the forward goes, and the forward's working set, which
+    the chain model would charge as tf_i, can be larger: a GPT block's recorded forward ends at its
+    peak (tf_i = 0 at width 32: everything it made is saved), while its no-grad forward holds its
+    attention and MLP intermediates for a moment (65,536 bytes above x_i, measured op by op in the
+    executor). The profiler measures that transient (`forward_nograd_temp_bytes`), and the
+    simulator and the optimal DP charge it for `F` ops; profiles without it mean the same as before.
+    """
+    return [layer.forward_temp_bytes if layer.forward_nograd_temp_bytes is None
+            else layer.forward_nograd_temp_bytes for layer in prof.layers]
+
+
 def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None) -> Simulation:
     L = prof.n_stages
     x = [prof.input_bytes] + [layer.output_bytes for layer in prof.layers]
@@ -86,6 +104,7 @@ def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None)
     b = [0.0] + [layer.backward_s for layer in prof.layers]
     s = [0] + [layer.saved_bytes for layer in prof.layers]
     tf = [0] + [layer.forward_temp_bytes for layer in prof.layers]
+    tfn = [0] + nograd_forward_temp_bytes(prof)  # `F` ops (NOTE [ no-grad forward bytes ])
     tb = [0] + [layer.backward_temp_bytes for layer in prof.layers]
 
     act = [False] * (L + 1)  # a_i live
@@ -173,7 +192,7 @@ def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None)
                     live += new + s[i]
                     rec[i] = True
                 else:
-                    during = live + upcast + new + tf[i]
+                    during = live + upcast + new + tfn[i]
                     live += new
                 if xs:
                     if new and i in xs:

@@ -9,7 +9,9 @@ with every parameter's gradient already allocated (as in a training step after t
   left out (chain-model.md).
 - `output_bytes`: the unique storages of the output.
 - `forward_temp_bytes`: the peak allocated during the recorded forward minus what the forward
-  leaves allocated; `backward_temp_bytes`: the peak during its backward, above the level at its
+  leaves allocated; `forward_nograd_temp_bytes`: the same for the forward under
+  torch.no_grad(), which keeps only its output (NOTE [ no-grad forward bytes ] in planner/simulate.py);
+  `backward_temp_bytes`: the peak during its backward, above the level at its
   start, minus the new input gradient. On a GPU from the caching allocator's counters, on the CPU
   from the PyTorch profiler's allocation events (`profiler.memory`), both exact.
 - `forward_s`, `backward_s`, `forward_nograd_s` (the same forward under torch.no_grad(), which an
@@ -138,6 +140,7 @@ def profile_chain(
                     output_bytes=mem["output_bytes"],
                     saved_bytes=mem["saved_bytes"],
                     forward_temp_bytes=mem["forward_temp_bytes"],
+                    forward_nograd_temp_bytes=mem["forward_nograd_temp_bytes"],
                     backward_temp_bytes=mem["backward_temp_bytes"],
                     param_bytes=pbytes,
                     flops=flops,
@@ -382,6 +385,12 @@ def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict
             # the output's gradient d_i is created inside the backward and held by autograd only,
             # so it is freed when the stage's last op has used it, as in a real step
             seed.backward()
+    # an `F` op: the same forward under torch.no_grad(), where what a record keeps is transient
+    # (NOTE [ no-grad forward bytes ] in planner/simulate.py)
+    with measure_memory(dev) as nograd:
+        with torch.no_grad(), ctx():
+            out_f = stage(x.detach())
+    del out_f
     fwd, bwd = meter.phases["start"], meter.phases["backward"]
     excluded = _storages(fixed_tensors) | _storages([x]) | _storages([out])
     saved_bytes = sum(n for ptr, n in saved.items() if ptr not in excluded)
@@ -396,8 +405,10 @@ def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict
         "output_bytes": out_bytes,
         "saved_bytes": saved_bytes,
         "forward_temp_bytes": fwd_temp,
+        "forward_nograd_temp_bytes": max(0, nograd.peak_bytes - nograd.end_bytes),
         "backward_temp_bytes": bwd_temp,
         "extra": {
+            "nograd_forward_peak_bytes": nograd.peak_bytes,
             "saved_tensors": n_saved,
             "forward_peak_bytes": fwd.peak_bytes,
             "forward_end_bytes": fwd.end_bytes,

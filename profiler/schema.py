@@ -61,6 +61,12 @@ class LayerProfile(BaseModel):
         "no input or output storage)"
     )
     forward_temp_bytes: Bytes = Field(default=0, description="[tf_i] transient bytes in forward")
+    forward_nograd_temp_bytes: Bytes | None = Field(
+        default=None,
+        description="[tf'_i] transient bytes above the live set and the output during a forward "
+        "under torch.no_grad() (an `F` op: what a recorded forward keeps for the backward is "
+        "transient there); None: forward_temp_bytes (a chain-model extension, docs/chain-model.md)",
+    )
     backward_temp_bytes: Bytes = Field(default=0, description="[tb_i] transient bytes in backward")
     param_bytes: Bytes = Field(default=0, description="bytes of the stage's parameters (reports)")
     flops: Annotated[float, Field(ge=0.0)] = Field(default=0.0, description="FLOPs of one forward")

@@ -33,16 +33,26 @@ def _arrays(p: Profile):
     return x, f, b, s, tf, tb
 
 
+def _nograd(p: Profile, f, tf):
+    """An `F` op's seconds and transient bytes: the no-grad forward's where the profile has them."""
+    fn = [f[0]] + [la.forward_s if la.forward_nograd_s is None else la.forward_nograd_s
+                   for la in p.layers]
+    tfn = [tf[0]] + [la.forward_temp_bytes if la.forward_nograd_temp_bytes is None
+                     else la.forward_nograd_temp_bytes for la in p.layers]
+    return fn, tfn
+
+
 def memo_time(p: Profile, budget_bytes: int, *, unit: int = 1) -> float:
     """Least time (s) of a persistent schedule whose peak is at most `budget_bytes`; inf if none.
 
     `unit`: sizes are divided by it (they must be multiples of it) so that the memo table is
     indexed by slots, as rotor does; the result is exact when every size is a multiple."""
     x, f, b, s, tf, tb = _arrays(p)
-    for name, arr in (("x", x), ("s", s), ("tf", tf), ("tb", tb)):
+    fn, tfn = _nograd(p, f, tf)
+    for name, arr in (("x", x), ("s", s), ("tf", tf), ("tfn", tfn), ("tb", tb)):
         if any(v % unit for v in arr):
             raise ValueError(f"{name}: sizes must be multiples of unit={unit}")
-    x, s, tf, tb = ([v // unit for v in a] for a in (x, s, tf, tb))
+    x, s, tf, tfn, tb = ([v // unit for v in a] for a in (x, s, tf, tfn, tb))
     L = p.n_stages
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 20 * L + 1000))
@@ -65,8 +75,8 @@ def memo_time(p: Profile, budget_bytes: int, *, unit: int = 1) -> float:
         fwd, fsum = 0, 0.0
         for sp in range(st + 1, t + 1):
             k = sp - 1
-            fwd = max(fwd, xs + D + (x[k - 1] if k > st else 0) + x[k] + tf[k])
-            fsum += f[k]
+            fwd = max(fwd, xs + D + (x[k - 1] if k > st else 0) + x[k] + tfn[k])
+            fsum += fn[k]
             if fwd > m:
                 break
             right = C(sp, t, m - xs)
@@ -104,6 +114,7 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False):
     backward has run) are skipped, and activations no later op can read are dropped at once.
     """
     x, f, b, s, tf, tb = _arrays(p)
+    fn, tfn = _nograd(p, f, tf)
     L = p.n_stages
     BEFORE = L + 1  # phase before the loss; after it, the phase is the next backward's stage
 
@@ -152,7 +163,7 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False):
             # what is live across a forward, other than its input and output, is stored
             fck = ck | (act & ~(1 << (i - 1) | 1 << i) & ~1) if persistent else 0
             if not act >> i & 1 and (ph == BEFORE or i <= ph - 1):
-                succ.append((("F", i), live + x[i] + tf[i], f[i], act | 1 << i, rec, ph, fck,
+                succ.append((("F", i), live + x[i] + tfn[i], fn[i], act | 1 << i, rec, ph, fck,
                              (i - 1,)))
             if not rec >> i & 1:
                 new = 0 if act >> i & 1 else x[i]

@@ -139,6 +139,25 @@ def test_optimal_equals_exhaustive_search(prof):
             assert not is_persistent(ops)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_chains(max_stages=5, nograd=True))
+def test_optimal_equals_exhaustive_search_with_nograd_forward_costs(prof):
+    # F ops charged their own transient and time (NOTE [ no-grad forward bytes ] and NOTE [ no-grad
+    # forward time ] in planner/simulate.py): the DP still equals the persistent search
+    fr = solve(costs_of(prof))
+    peaks, times = fr.top()
+    dp = list(zip(peaks, times, strict=True))
+    persistent = exhaustive_frontier(prof, persistent=True)
+    for peak, time, ops in persistent:  # the oracle charges F ops as the simulator does
+        sim = simulate(prof, ops)
+        assert sim.valid and (sim.peak_bytes, sim.time_s) == (peak, time)
+    for peak in peaks:
+        sim = simulate(prof, insert_drops(schedule_ops(fr, peak), prof.n_stages))
+        assert sim.valid and sim.peak_bytes <= peak
+    for budget in sorted({p for p, _, _ in persistent} | set(peaks)):
+        assert _best(dp, budget) == _best(persistent, budget), budget
+
+
 def test_late_split_found_by_the_search():
     # a chain where the persistent optimum records a whole left segment (R 1, R 2) while a_2, the
     # right part's input, is still live, just before B 3 (seeded search, 1 in ~1,500 chains):

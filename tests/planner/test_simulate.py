@@ -112,3 +112,21 @@ def test_nograd_forward_time_is_charged_to_F_only():
     bad = d["layers"][0] | {"forward_nograd_s": -1.0}
     with pytest.raises(ValueError, match="forward_nograd_s"):
         Profile.model_validate(d | {"layers": [bad, *d["layers"][1:]]})
+
+
+def test_nograd_forward_bytes_are_charged_to_F_only():
+    """NOTE [ no-grad forward bytes ]: `F i` costs forward_nograd_temp_bytes, `R i` tf_i."""
+    d = worked_example().model_dump()
+    ops = [["F", 1], ["F", 2], ["R", 3], ["R", 4], ["loss"], ["B", 4], ["B", 3], ["drop", 2],
+           ["R", 1], ["R", 2], ["B", 2], ["B", 1]]
+    before = simulate(Profile.model_validate(d), ops).timeline
+    for la, tfn in zip(d["layers"], (9, 7, 5, 3), strict=True):
+        la["forward_nograd_temp_bytes"] = tfn
+    after = simulate(Profile.model_validate(d), ops).timeline
+    tf = [la["forward_temp_bytes"] for la in d["layers"]]
+    # F 1 and F 2 (ops 0 and 1) now carry their no-grad transients; every other op is unchanged
+    assert [after[0] - before[0], after[1] - before[1]] == [9 - tf[0], 7 - tf[1]]
+    assert after[2:] == before[2:]
+    bad = d["layers"][0] | {"forward_nograd_temp_bytes": -1}
+    with pytest.raises(ValueError, match="forward_nograd_temp_bytes"):
+        Profile.model_validate(d | {"layers": [bad, *d["layers"][1:]]})
