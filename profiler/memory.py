@@ -17,6 +17,11 @@ has, which shows where the phase starts in the event stream (and is left out of 
 CUDA it reads and resets the allocator's counters. `meter.phases[label]` then gives the level at
 the phase's start, its peak and its end, all relative to the block's start.
 
+For the same reason a module that keeps tensors across forwards as plain attributes (torchao's
+fake quantizers keep their last scale and zero point) looks, on the CPU, as if it grew by them at
+every forward inside a block: the new ones are allocated in it, the old ones were made before it
+and their free is not seen. CUDA's counters have no such blind spot.
+
 Python's cyclic garbage collector is paused inside the block: otherwise it may free, in the middle
 of a measurement, garbage left by earlier code (which the CPU accounting counts as a free if an
 earlier measurement saw the allocation), and the numbers would depend on what ran before.
