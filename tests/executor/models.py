@@ -150,3 +150,16 @@ def _fallback_profile(stages, x, *, name, repeats):
             p.grad.zero_()
     torch.set_rng_state(rng)
     return Profile(name=name, input_bytes=_bytes(x), layers=layers)
+
+
+def every_strategy(prof: Profile, fraction: float):
+    """(strategy, plan) for every planner strategy at `fraction` of the store-all peak; with no
+    budget where a strategy cannot meet it (sqrt and uniform ignore budgets)."""
+    import planner
+
+    store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
+    for strategy in sorted(planner.STRATEGIES):
+        plan = planner.plan(prof, strategy=strategy, budget_bytes=int(store * fraction))
+        if not plan.schedule:
+            plan = planner.plan(prof, strategy=strategy)
+        yield strategy, plan

@@ -15,6 +15,7 @@ measure = pytest.importorskip("profiler.measure")
 from executor import run_plan  # noqa: E402
 from executor.compare import TOLERANCE  # noqa: E402
 from tests.conftest import one_off_bytes  # noqa: E402
+from tests.executor.models import every_strategy  # noqa: E402
 
 TINY = dict(n_layer=3, n_embd=32, n_head=2, block_size=16, vocab_size=64, batch_size=4)
 FEATURES = {
@@ -27,17 +28,8 @@ FEATURES = {
 }
 
 
-def _strategies():
-    return sorted(planner.STRATEGIES)
-
-
 def _plans(prof):
-    store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
-    for strategy in _strategies():
-        plan = planner.plan(prof, strategy=strategy, budget_bytes=int(store * 0.75))
-        if not plan.schedule:
-            plan = planner.plan(prof, strategy=strategy)
-        yield strategy, plan
+    return every_strategy(prof, 0.75)
 
 
 def test_gpt_all_features_together_every_strategy():

@@ -12,7 +12,7 @@ from executor import run_plan
 from executor.guards import GUARDS
 from profiler.measure import profile_chain
 from profiler.models.gpt import GPTConfig, build_gpt
-from tests.executor.models import mlp_chain
+from tests.executor.models import every_strategy, mlp_chain
 from tests.executor.test_runner import _plan_from_ops
 
 pytestmark = pytest.mark.gpu
@@ -53,11 +53,7 @@ def test_gpt_every_strategy_on_cuda(features):
     prof = profile_chain(stages, idx, repeats=2, warmup=1)
     if cfg.attention == "flash":
         assert prof.meta["attention_backend"] == "flash", prof.meta["attention_fallback"]
-    store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
-    for strategy in sorted(planner.STRATEGIES):
-        plan = planner.plan(prof, strategy=strategy, budget_bytes=int(store * 0.6))
-        if not plan.schedule:
-            plan = planner.plan(prof, strategy=strategy)
+    for strategy, plan in every_strategy(prof, 0.6):
         r = run_plan(stages, idx, plan, profile=prof, steps=3)
         assert r.status == "ok", (strategy, r.message)
         assert r.grad_max_rel_diff <= r.tolerance, strategy

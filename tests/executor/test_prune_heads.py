@@ -10,8 +10,6 @@ import copy
 import pytest
 import torch
 
-import planner
-
 pytest.importorskip("torch_pruning")
 gpt = pytest.importorskip("profiler.models.gpt")
 measure = pytest.importorskip("profiler.measure")
@@ -20,6 +18,7 @@ from executor import run_plan  # noqa: E402
 from executor.features import apply_features  # noqa: E402
 from executor.features.prune import head_scores, prune_heads, prune_model  # noqa: E402
 from profiler.analytic import gpt_analytic_profile  # noqa: E402
+from tests.executor.models import every_strategy  # noqa: E402
 
 torch.set_num_threads(1)  # tiny ops on a shared 2-core machine
 
@@ -144,11 +143,7 @@ def test_pruned_model_every_strategy_gradients_bitwise_and_optimizer_holds_the_n
     prune_model(stages, head_ratio=0.5)
     new_params = {id(p) for s in stages for p in s.parameters()}
     prof = measure.profile_chain(stages, idx, repeats=1, warmup=0)
-    store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
-    for strategy in sorted(planner.STRATEGIES):
-        plan = planner.plan(prof, strategy=strategy, budget_bytes=int(store * 0.75))
-        if not plan.schedule:
-            plan = planner.plan(prof, strategy=strategy)
+    for strategy, plan in every_strategy(prof, 0.75):
         r = run_plan(stages, idx, plan, profile=prof, steps=2)
         assert r.status == "ok", (strategy, r.message)
         assert r.grad_max_abs_diff == 0.0 and r.param_max_abs_diff == 0.0, strategy
