@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -104,12 +103,6 @@ class DistributedReport(BaseModel):
     plan: dict[str, Any]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _check(spec: DistributedSpec) -> None:
     for name in ("n_layer", "n_embd", "n_head", "block_size", "vocab_size", "batch_size", "steps"):
         v = getattr(spec, name)
@@ -163,9 +156,26 @@ def _state_bytes(tensors) -> int:
     return sum(seen.values())
 
 
-def _rank_main(rank: int, spec_d: dict, plan_d: dict, port: int, out_dir: str) -> None:
+# NOTE [ A rank leaves nothing running ]
+# Once a rank has called destroy_process_group, no thread or socket of torch.distributed may be
+# left in it: their teardown would fall to interpreter exit, unordered with the other rank's exit
+# and with C++ static destructors (the likely place where a full-suite run on 2 busy cores once
+# lost rank 0 to SIGABRT, "terminate called without an active exception"; not reproduced in 270
+# loaded runs here). Two things kept them alive:
+# - the rendezvous. With tcp://, rank 0 hosts the TCPStore server (a libuv thread) the other rank
+#   is connected to. A FileStore in the run's temporary directory has no server, no thread and no
+#   port (picking a free port, closing it and binding it later could also race other processes).
+# - torch.distributed.optim. Importing it evaluates `group=dist.group.WORLD` defaults
+#   (torch.distributed.nn.functional, zero_redundancy_optimizer._broadcast_object). Imported after
+#   init_process_group, they pin the live default group, with its gloo threads and its store,
+#   past destroy_process_group (rank 0 still ran pt_tcpstore_uv, gloo_tcp_loop and two
+#   pt_gloo_runloop threads after it). Imported before, the defaults are None and destroy frees it.
+def _rank_main(rank: int, spec_d: dict, plan_d: dict, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
+
+    # before init_process_group: NOTE [ A rank leaves nothing running ]
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from executor.compare import params_of
     from executor.runner import ScheduleRunner
@@ -174,7 +184,7 @@ def _rank_main(rank: int, spec_d: dict, plan_d: dict, port: int, out_dir: str) -
 
     torch.set_num_threads(1)
     spec = DistributedSpec(**spec_d)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=(Path(out_dir) / "store").as_uri(), rank=rank,
                             world_size=spec.world_size)
     try:
         stages, x = _model(spec, rank)
@@ -182,8 +192,6 @@ def _rank_main(rank: int, spec_d: dict, plan_d: dict, port: int, out_dir: str) -
         for p in params:
             p.grad = torch.zeros_like(p)
         if spec.zero_stage == 1:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-
             opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=spec.lr)
             local = opt.optim
         else:
@@ -222,9 +230,7 @@ def _rank_main(rank: int, spec_d: dict, plan_d: dict, port: int, out_dir: str) -
         )
         (Path(out_dir) / f"rank{rank}.json").write_text(rep.model_dump_json())
         torch.save([p.detach().clone() for p in params], Path(out_dir) / f"params{rank}.pt")
-        # leave together: rank 0 hosts the TCP store, and tearing it down while the other rank is
-        # still talking to it can abort that rank ("terminate called without an active exception")
-        dist.barrier()
+        dist.barrier()  # leave together: no rank destroys the group while another still uses it
     finally:
         dist.destroy_process_group()
 
@@ -286,7 +292,7 @@ def run_distributed(spec: DistributedSpec | None = None, *, timeout_s: float = 3
     del stages, x
     with tempfile.TemporaryDirectory(prefix="memplan-dist-") as out:
         ctx = mp.start_processes(
-            _rank_main, args=(asdict(spec), plan.model_dump(mode="json"), _free_port(), out),
+            _rank_main, args=(asdict(spec), plan.model_dump(mode="json"), out),
             nprocs=spec.world_size, join=False, start_method="spawn",
         )
         try:
@@ -298,6 +304,9 @@ def run_distributed(spec: DistributedSpec | None = None, *, timeout_s: float = 3
                     raise ExecutorError(f"ranks: not finished within {timeout_s:g} s")
         except mp.ProcessRaisedException as err:
             raise ExecutorError(f"ranks: a rank failed: {str(err).strip().splitlines()[-1]}") from None
+        except mp.ProcessExitedException as err:  # killed by a signal, or exited without a word
+            raise ExecutorError(f"ranks: rank {err.error_index} died ({err}); nothing was "
+                                "measured, run again") from None
         finally:
             for p in ctx.processes:
                 if p.is_alive():
