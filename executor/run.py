@@ -6,8 +6,9 @@ backward), then the planned schedule on the stages from the same RNG state, so b
 dropout masks; their gradients are compared before either optimizer steps, and both optimizers
 step, so the two models stay in lockstep and their buffers and parameters are compared after the
 last step. Before each step after the first, the reference's parameters and optimizer state are
-set to the planned model's (NOTE [ Every step from the same state ]). Parameter gradients are allocated (zeros) before the first step and zeroed in place
-between steps, so the measured peak is the plan's, not the first step's gradient allocation.
+set to the planned model's (NOTE [ Every step from the same state ]). Parameter gradients are
+allocated (zeros) before the first step and zeroed in place between steps, so the measured peak
+is the plan's, not the first step's gradient allocation.
 Memory is measured over the schedule of the last step (state warm: optimizer state, lazily
 initialised observers) with `profiler.memory.measure_memory` (exact allocation accounting on the
 CPU, `max_memory_allocated` after a reset on CUDA); time is the median over the other steps,
@@ -200,9 +201,8 @@ def _sync_reference(stages, opt, ref, ref_opt) -> None:
     with torch.no_grad():
         for p, q in zip(params_of(stages), params_of(ref), strict=True):
             q.copy_(p)
-        if opt is None or ref_opt is None:
-            return
-        for p, q in zip(params_of(stages), params_of(ref), strict=True):
+            if opt is None or ref_opt is None:
+                continue
             for key, value in opt.state.get(p, {}).items():
                 mine = ref_opt.state[q].get(key)
                 if isinstance(value, torch.Tensor) and isinstance(mine, torch.Tensor):
