@@ -86,11 +86,12 @@ def nograd_forward_temp_bytes(prof: Profile) -> list[int]:
     `tf_i` is measured on the recorded forward: its peak minus what it leaves allocated, and what
     it leaves includes the record s_i. Under torch.no_grad() nothing is kept, so the tensors a
     recorded forward saves are freed as the forward goes, and the forward's working set, which
-    the chain model would charge as tf_i, can be larger: a GPT block's recorded forward ends at its
-    peak (tf_i = 0 at width 32: everything it made is saved), while its no-grad forward holds its
-    attention and MLP intermediates for a moment (65,536 bytes above x_i, measured op by op in the
-    executor). The profiler measures that transient (`forward_nograd_temp_bytes`), and the
-    simulator and the optimal DP charge it for `F` ops; profiles without it mean the same as before.
+    the chain model would charge as tf_i, can be larger: a tiny GPT block's recorded forward rises
+    8,192 bytes above what it leaves (tf_i; nearly everything it makes is saved), its no-grad
+    forward 73,728 bytes above its output (its attention and MLP intermediates, for a moment), and
+    every `F` op of a plan was 65,536 bytes over its prediction, measured op by op in the executor.
+    The profiler measures that transient (`forward_nograd_temp_bytes`), and the simulator and the
+    optimal DP charge it for `F` ops; profiles without it mean the same as before.
     """
     return [layer.forward_temp_bytes if layer.forward_nograd_temp_bytes is None
             else layer.forward_nograd_temp_bytes for layer in prof.layers]

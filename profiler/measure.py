@@ -10,7 +10,8 @@ with every parameter's gradient already allocated (as in a training step after t
 - `output_bytes`: the unique storages of the output.
 - `forward_temp_bytes`: the peak allocated during the recorded forward minus what the forward
   leaves allocated; `forward_nograd_temp_bytes`: the same for the forward under
-  torch.no_grad(), which keeps only its output (NOTE [ no-grad forward bytes ] in planner/simulate.py);
+  torch.no_grad(), which keeps only its output (NOTE [ no-grad forward bytes ] in
+  planner/simulate.py);
   `backward_temp_bytes`: the peak during its backward, above the level at its
   start, minus the new input gradient. On a GPU from the caching allocator's counters, on the CPU
   from the PyTorch profiler's allocation events (`profiler.memory`), both exact.
