@@ -182,13 +182,13 @@ class RayBackend(Worker, RunBackend):
         self._device = self._describe()
         self._beat(force=True)
         try:
-            while not self._stop.is_set() and not self._parent_gone():
+            while not self._stopping and not self._parent_gone():
                 self._beat()
                 self._submit_more()
                 self._drain_sink()
                 self._collect()
                 self._watch()
-                self._stop.wait(0.1)
+                time.sleep(0.1)  # not an Event: NOTE [ Stopping from a signal handler ]
         finally:
             for job_id, fl in list(self._flights.items()):
                 ray.cancel(fl.ref, force=True)

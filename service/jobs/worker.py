@@ -78,7 +78,7 @@ class Worker:
         self.store = JobStore(settings.db_path)
         self.id = f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.parent_pid = parent_pid
-        self._stop = threading.Event()
+        self._stopping = False  # set by stop(); NOTE [ Stopping from a signal handler ]
         self._device: dict[str, Any] | None = None
         self._last_beat = 0.0
         self._lock_file: Any = None
@@ -86,7 +86,16 @@ class Worker:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def stop(self, *_: Any) -> None:
-        self._stop.set()
+        """Ask the worker to stop; its loops notice within 0.2 s.
+
+        NOTE [ Stopping from a signal handler ]
+        This is the SIGTERM and SIGINT handler, so it takes no lock. It used to set a
+        threading.Event, and a second SIGTERM that arrived while the first handler was inside
+        Event.set (holding the Event's lock) ran the handler again, which waited for that lock
+        forever: CI's kill-the-API test found a worker, orphaned, in exactly that stack (py-spy:
+        Worker.stop > Event.set > notify_all > Worker.stop > Event.set > Condition.__enter__).
+        A plain attribute, read by the loops, cannot deadlock."""
+        self._stopping = True
 
     def _parent_gone(self) -> bool:
         return self.parent_pid is not None and os.getppid() != self.parent_pid
@@ -94,7 +103,7 @@ class Worker:
     def _acquire_lock(self) -> bool:
         path = Path(str(self.settings.db_path) + ".worker.lock")
         self._lock_file = open(path, "a+")  # noqa: SIM115 - held for the worker's life
-        while not self._stop.is_set() and not self._parent_gone():
+        while not self._stopping and not self._parent_gone():
             try:
                 fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return True
@@ -119,14 +128,14 @@ class Worker:
         self.store.recover(self.id, max_attempts=self.settings.max_attempts)
         threading.Thread(target=self._probe, name="device-probe", daemon=True).start()
         self._beat(force=True)
-        while not self._stop.is_set():
+        while not self._stopping:
             if self._parent_gone():
                 log.warning("the API that started this worker is gone; stopping")
                 break
             self._beat()
             job = self.store.claim(self.id)
             if job is None:
-                self._stop.wait(min(0.2, self.settings.heartbeat_s))
+                time.sleep(min(0.2, self.settings.heartbeat_s))
                 continue
             self._run(job)
         return 0
@@ -164,7 +173,7 @@ class Worker:
                     "timed out",
                 )
                 break
-            if self._stop.is_set() or self._parent_gone():
+            if self._stopping or self._parent_gone():
                 # shutting down: stop the job and give it back to the queue for the next worker
                 self._kill(proc, grace_s=min(2.0, self.settings.cancel_grace_s))
                 self.store.requeue(job.id, message="re-queued: the worker stopped")

@@ -99,3 +99,38 @@ def test_kill_api_mid_run_and_restart(tmp_path, victims):
     finally:
         srv2.stop()
     assert _integrity(data / "jobs.sqlite") == "ok"
+
+
+def test_stop_can_be_reentered_by_a_second_signal(tmp_path):
+    # NOTE [ Stopping from a signal handler ]: a second SIGTERM may run the handler again at any
+    # line of the first one; emulate that at every line stop() executes, down into what it calls
+    import sys
+    import threading
+
+    from service.jobs.worker import Worker
+    from service.settings import Settings
+
+    worker = Worker(Settings(data_dir=tmp_path))
+    busy = [False]
+
+    def tracer(frame, event, arg):
+        if event == "line" and not busy[0]:
+            busy[0] = True  # the nested call runs untraced, as a handler runs to its end
+            try:
+                worker.stop()
+            finally:
+                busy[0] = False
+        return tracer
+
+    done = threading.Event()
+
+    def first_signal():
+        sys.settrace(tracer)
+        try:
+            worker.stop()
+        finally:
+            sys.settrace(None)
+            done.set()
+
+    threading.Thread(target=first_signal, daemon=True).start()
+    assert done.wait(10), "stop() deadlocked when a second signal re-entered it"
