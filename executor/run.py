@@ -39,6 +39,7 @@ from executor.guards import GUARDS
 from executor.report import ExecutorError, RunReport, StepRecord, error_pct
 from executor.runner import ScheduleRunner, value_bytes
 from planner.schema import Plan, PlanError
+from profiler.measure import param_dtype
 from profiler.schema import Profile, load_profile
 
 __all__ = ["run_plan", "check_plan", "fixed_bytes_of", "make_optimizer", "optimizer_step"]
@@ -166,13 +167,6 @@ def _device_of(stages: Sequence[nn.Module], example_input: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def _param_dtype(stages: Sequence[nn.Module]) -> torch.dtype | None:
-    for p in params_of(stages):
-        if p.is_floating_point():
-            return p.dtype
-    return None
-
-
 def _rng_get(device: torch.device) -> tuple:
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return torch.get_rng_state(), cuda
@@ -263,7 +257,7 @@ def run_plan(
     device = _device_of(stages, example_input)
     # the compute dtype sets the gradient tolerance: autocast's, else the parameters' (a model
     # built in bfloat16 computes in it)
-    dtype_name = _DTYPES.get(autocast_dtype or _param_dtype(stages), "float32")
+    dtype_name = _DTYPES.get(autocast_dtype or param_dtype(stages), "float32")
     ops = plan.ops()
 
     _alloc_grads(stages)

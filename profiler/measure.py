@@ -45,7 +45,7 @@ import torch.nn as nn
 from profiler.memory import measure_memory
 from profiler.schema import LayerProfile, Profile, ProfileError
 
-__all__ = ["profile_chain", "optimizer_state_bytes", "stage_names"]
+__all__ = ["profile_chain", "optimizer_state_bytes", "stage_names", "param_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def profile_chain(
         info.update(_model_report(stages))
         if meta:
             info.update(meta)
-        dtype = ac_dtype or _param_dtype(stages) or torch.float32
+        dtype = ac_dtype or param_dtype(stages) or torch.float32
         return Profile(
             name=name,
             device=str(dev),
@@ -656,7 +656,9 @@ def _fixed_bytes(stages, params, optimizer: str, dev: torch.device) -> dict[str,
     }
 
 
-def _param_dtype(stages) -> torch.dtype | None:
+def param_dtype(stages) -> torch.dtype | None:
+    """The dtype of the stages' first floating parameter (what they compute in without
+    autocast); None when they have none."""
     for stage in stages:
         for p in stage.parameters():
             if p.is_floating_point():
