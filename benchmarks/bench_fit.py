@@ -8,7 +8,7 @@ dropping the 5 of highest loss), against baselines measured in the same run:
 
     .venv/bin/python benchmarks/bench_fit.py [--bootstrap 1000] [--out /tmp/bench_fit.json]
 
-Needs ../shared/data/chinchilla_epoch_extracted.csv. Prints a table; `--out` also writes the numbers as JSON.
+Fits the Epoch data shipped in memplan.data. Prints a table; `--out` also writes the numbers as JSON.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import planner.scaling.fit as _fit  # noqa: E402
-from planner.scaling import fit_law, load_runs  # noqa: E402
+import memplan.planner.scaling.fit as _fit  # noqa: E402
+from memplan.planner.scaling import fit_law  # noqa: E402
 
-DATA = REPO.parent / "shared" / "data" / "chinchilla_epoch_extracted.csv"
+from memplan.data import load_dataset  # noqa: E402
+
 EPOCH_INTERVALS = {"alpha": (0.317, 0.373), "beta": (0.331, 0.415)}
 
 
@@ -58,10 +59,7 @@ def main() -> None:
     ap.add_argument("--baseline-resamples", type=int, default=40)
     ap.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON here")
     args = ap.parse_args()
-    if not DATA.exists():
-        sys.exit(f"bench_fit: needs {DATA}")
-    runs = load_runs(DATA, columns={"params": "Model Size", "flops": "Training FLOP"})
-    runs = runs.drop_highest_loss(5)
+    runs = load_dataset("epoch")  # the 245 points less Epoch's 5 outliers
     fit_law(runs)  # warm up imports (scipy) so that neither side pays for them
     load_before = _load()
 

@@ -18,11 +18,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from planner._optimal_dp import costs_of, solve  # noqa: E402
-from planner._optimal_kernel import get_num_threads, solve_compiled  # noqa: E402
-from planner._optimal_kernel import least_peak_compiled as least_peak  # noqa: E402
-from planner.optimal import DEFAULT_GROUPS, plan_optimal  # noqa: E402
-from profiler.schema import Profile  # noqa: E402
+from memplan.planner._optimal_dp import costs_of, solve  # noqa: E402
+from memplan.planner._optimal_kernel import get_num_threads, solve_compiled  # noqa: E402
+from memplan.planner._optimal_kernel import least_peak_compiled as least_peak  # noqa: E402
+from memplan.planner.optimal import DEFAULT_GROUPS, plan_optimal  # noqa: E402
+from memplan.profiler.schema import Profile  # noqa: E402
+
 from tests.planner.chains import chain  # noqa: E402
 from tests.planner.oracle import memo_time  # noqa: E402
 

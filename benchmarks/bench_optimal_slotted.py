@@ -15,9 +15,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from memplan.planner._optimal_dp import costs_of, least_peak  # noqa: E402
+from memplan.planner.optimal import plan_optimal  # noqa: E402
+
 from benchmarks.bench_optimal import gpt_chain, slot_chain, timed  # noqa: E402
-from planner._optimal_dp import costs_of, least_peak  # noqa: E402
-from planner.optimal import plan_optimal  # noqa: E402
 from tests.planner.oracle import memo_time  # noqa: E402
 
 

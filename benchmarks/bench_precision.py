@@ -37,12 +37,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
-
-    from executor import run_plan
-    from executor.precision_run import (
+    from memplan.executor import run_plan
+    from memplan.executor.precision_run import (
         fp32_curve,
         grad_error,
         plan_grads,
@@ -50,10 +46,13 @@ def main() -> None:
         reference_grads,
         train_curve,
     )
-    from planner._build import finish_plan, one_level_ops
-    from planner.checkpoint_dtype import apply_storage
-    from profiler.measure import profile_chain
-    from profiler.models.gpt import GPTConfig, build_gpt
+    from memplan.planner._build import finish_plan, one_level_ops
+    from memplan.planner.checkpoint_dtype import apply_storage
+    from memplan.profiler.measure import profile_chain
+    from memplan.profiler.models.gpt import GPTConfig, build_gpt
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
 
     def build(dt):
         return build_gpt(GPTConfig(**CFG, dtype=str(dt).removeprefix("torch.")))

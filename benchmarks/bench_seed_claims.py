@@ -43,10 +43,11 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from memplan.executor import ScheduleRunner, run_plan  # noqa: E402
+from memplan.profiler.measure import profile_chain  # noqa: E402
+from memplan.profiler.memory import measure_memory  # noqa: E402
+
 import planner  # noqa: E402
-from executor import ScheduleRunner, run_plan  # noqa: E402
-from profiler.measure import profile_chain  # noqa: E402
-from profiler.memory import measure_memory  # noqa: E402
 
 WIDTH, BATCH = 512, 256  # NOTE [ block size ]
 log = logging.getLogger("bench_seed_claims")

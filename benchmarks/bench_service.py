@@ -92,8 +92,7 @@ def main() -> None:
     n = int(args.rate * args.seconds)
     if n > 20_000:
         raise SystemExit("--rate x --seconds: at most 20,000 requests")
-    import planner
-
+    from memplan import planner
     profile = make_profile(args.stages)
     distinct = args.distinct or n
     base = planner.plan(profile, strategy="store-all").predicted.peak_bytes

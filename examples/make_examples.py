@@ -13,7 +13,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from profiler.analytic import conv_analytic_profile, gpt_analytic_profile  # noqa: E402
+from memplan.profiler.analytic import conv_analytic_profile, gpt_analytic_profile  # noqa: E402
 
 GPU_FLOPS_PER_S = 300e12  # a stated utilisation of a modern GPU in bf16 (transformer matmuls)
 CONV_FLOPS_PER_S = 150e12  # convolutions run at a lower utilisation

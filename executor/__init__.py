@@ -15,12 +15,12 @@ from typing import Any
 __all__ = ["run_plan", "check_plan", "RunReport", "ExecutorError", "ScheduleRunner", "is_recomputing"]
 
 _LAZY = {
-    "run_plan": "executor.run",
-    "check_plan": "executor.run",
-    "ScheduleRunner": "executor.runner",
-    "is_recomputing": "executor.guards",
-    "RunReport": "executor.report",
-    "ExecutorError": "executor.report",
+    "run_plan": "memplan.executor.run",
+    "check_plan": "memplan.executor.run",
+    "ScheduleRunner": "memplan.executor.runner",
+    "is_recomputing": "memplan.executor.guards",
+    "RunReport": "memplan.executor.report",
+    "ExecutorError": "memplan.executor.report",
 }
 
 

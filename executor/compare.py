@@ -122,7 +122,7 @@ def reference_forward(stages: Sequence[nn.Module], example_input, *, autocast_dt
     of each stage's output (for the check against the profile)."""
     import contextlib
 
-    from executor.runner import value_bytes
+    from memplan.executor.runner import value_bytes
 
     ctx = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
            else contextlib.nullcontext())

@@ -2,10 +2,10 @@
 what each rank holds?
 
 `run_distributed(spec)` profiles a built-in GPT at the per-rank micro-batch, prices its fixed bytes
-for `world_size` ranks at ZeRO `zero_stage` (`planner.sharding.shard_profile`), plans it, then runs
+for `world_size` ranks at ZeRO `zero_stage` (`memplan.planner.sharding.shard_profile`), plans it, then runs
 the plan on `world_size` processes joined by gloo: each rank runs the schedule on its own slice of
 one global batch, the gradients are averaged (all-reduce) and the optimizer steps. Per rank it
-measures (exactly, `profiler.memory.measure_memory`) the planned step's activation peak and counts
+measures (exactly, `memplan.profiler.memory.measure_memory`) the planned step's activation peak and counts
 the model states it holds after a step; it compares them, and the gradients and parameters, with
 the prediction and with one process training on the whole batch.
 
@@ -29,9 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from memplan.executor.report import ExecutorError
 from pydantic import BaseModel, ConfigDict, Field
-
-from executor.report import ExecutorError
 
 __all__ = ["DistributedSpec", "RankReport", "DistributedReport", "run_distributed", "RUN_STAGES"]
 
@@ -118,7 +117,7 @@ def _check(spec: DistributedSpec) -> None:
 
 
 def _gpt_config(spec: DistributedSpec, batch: int):
-    from profiler.models.gpt import GPTConfig
+    from memplan.profiler.models.gpt import GPTConfig
 
     return GPTConfig(n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head,
                      block_size=spec.block_size, vocab_size=spec.vocab_size, batch_size=batch,
@@ -136,7 +135,7 @@ def _global_batch(spec: DistributedSpec):
 
 def _model(spec: DistributedSpec, rank: int | None):
     """Stages (same weights on every rank) and this rank's slice of the global batch (None: all)."""
-    from profiler.models.gpt import build_gpt, set_targets
+    from memplan.profiler.models.gpt import build_gpt, set_targets
 
     idx, tgt = _global_batch(spec)
     if rank is not None:
@@ -173,14 +172,13 @@ def _state_bytes(tensors) -> int:
 def _rank_main(rank: int, spec_d: dict, plan_d: dict, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
+    from memplan.executor.compare import params_of
+    from memplan.executor.runner import ScheduleRunner
+    from memplan.planner.schema import Plan
+    from memplan.profiler.memory import measure_memory
 
     # before init_process_group: NOTE [ A rank leaves nothing running ]
     from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    from executor.compare import params_of
-    from executor.runner import ScheduleRunner
-    from planner.schema import Plan
-    from profiler.memory import measure_memory
 
     torch.set_num_threads(1)
     spec = DistributedSpec(**spec_d)
@@ -239,8 +237,7 @@ def _reference(spec: DistributedSpec, step_grads: list[list[Any]]):
     """One process: the whole global batch's gradients at step 1 (plain forward and backward), and
     the parameters after AdamW steps on the ranks' averaged gradients `step_grads` (per step)."""
     import torch
-
-    from executor.compare import params_of, reference_forward
+    from memplan.executor.compare import params_of, reference_forward
 
     stages, x = _model(spec, None)
     params = params_of(stages)
@@ -273,11 +270,11 @@ def run_distributed(spec: DistributedSpec | None = None, *, timeout_s: float = 3
     on bad input or when a rank fails."""
     import torch
     import torch.multiprocessing as mp
+    from memplan.executor.report import error_pct
+    from memplan.planner.sharding import shard_profile
+    from memplan.profiler.measure import profile_chain
 
-    import planner
-    from executor.report import error_pct
-    from planner.sharding import shard_profile
-    from profiler.measure import profile_chain
+    from memplan import planner
 
     spec = spec or DistributedSpec()
     _check(spec)

@@ -52,9 +52,9 @@ def is_recomputing() -> bool:
 
 
 def decisions_module() -> Any | None:
-    """profiler.models.decisions when it is installed (the decision log), else None."""
+    """memplan.profiler.models.decisions when it is installed (the decision log), else None."""
     try:
-        from profiler.models import decisions
+        from memplan.profiler.models import decisions
     except ImportError:
         return None
     return decisions

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from executor.report import ExecutorError, RunReport
+from memplan.executor.report import ExecutorError, RunReport
 
 __all__ = ["RunSpec", "run_builtin"]
 
@@ -33,10 +33,10 @@ class RunSpec:
 
 
 def _build(spec: RunSpec):
-    from executor.features import model_options
+    from memplan.executor.features import model_options
 
     if spec.model == "gpt":
-        from profiler.models.gpt import GPTConfig, build_gpt
+        from memplan.profiler.models.gpt import GPTConfig, build_gpt
 
         cfg = GPTConfig(n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head,
                         block_size=spec.block_size, vocab_size=spec.vocab_size,
@@ -47,7 +47,7 @@ def _build(spec: RunSpec):
         bad = set(spec.features) - {"qat"}
         if bad:
             raise ExecutorError(f"--features: {', '.join(sorted(bad))} apply to the GPT model only")
-        from profiler.models.conv import ConvConfig, build_conv
+        from memplan.profiler.models.conv import ConvConfig, build_conv
 
         return build_conv(ConvConfig(blocks=(spec.n_layer,) * 3, batch_size=spec.batch_size),
                           device=spec.device)
@@ -60,11 +60,11 @@ def run_builtin(spec: RunSpec, *, progress: Callable[[str, int, int], None] | No
 
     Returns (report, profile, plan). `progress(phase, done, total)` is called as work advances."""
     import torch
+    from memplan.executor.features import apply_features, check_features
+    from memplan.executor.run import run_plan
+    from memplan.profiler.measure import profile_chain
 
-    import planner
-    from executor.features import apply_features, check_features
-    from executor.run import run_plan
-    from profiler.measure import profile_chain
+    from memplan import planner
 
     features = check_features(spec.features)
     spec.features = features
@@ -99,7 +99,7 @@ def run_builtin(spec: RunSpec, *, progress: Callable[[str, int, int], None] | No
                       features=features,
                       on_step=(lambda d, t: progress("run", d, t)) if progress else None)
     if spec.model == "gpt":
-        from profiler.models.gpt import gpt_report
+        from memplan.profiler.models.gpt import gpt_report
 
         g = gpt_report(stages)
         extras["gpt"] = g

@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from memplan.executor.report import ExecutorError
+from memplan.executor.run import make_optimizer, optimizer_step
+from memplan.executor.runner import ScheduleRunner
+from memplan.planner.schema import Plan
 from torch import nn
-
-from executor.report import ExecutorError
-from executor.run import make_optimizer, optimizer_step
-from executor.runner import ScheduleRunner
-from planner.schema import Plan
 
 __all__ = [
     "POLICY_SETUP",
@@ -150,8 +149,8 @@ def measure_sensitivity(
     a_i alone in that dtype, in the plan that recomputes everything after a_i from it (the longest
     segment a checkpoint at i can start, so the largest perturbation of the records). None where
     a_i cannot be stored (not a single floating tensor). Put it in a profile with `with_sensitivity`."""
-    from executor.features.storage import supported
-    from planner._build import one_level_ops
+    from memplan.executor.features.storage import supported
+    from memplan.planner._build import one_level_ops
 
     L = len(stages)
     out: dict[str, list[float | None]] = {d: [None] * (L - 1) for d in dtypes}

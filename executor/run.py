@@ -10,7 +10,7 @@ set to the planned model's (NOTE [ Every step from the same state ]). Parameter 
 allocated (zeros) before the first step and zeroed in place between steps, so the measured peak
 is the plan's, not the first step's gradient allocation.
 Memory is measured over the schedule of the last step (state warm: optimizer state, lazily
-initialised observers) with `profiler.memory.measure_memory` (exact allocation accounting on the
+initialised observers) with `memplan.profiler.memory.measure_memory` (exact allocation accounting on the
 CPU, `max_memory_allocated` after a reset on CUDA); time is the median over the other steps,
 without the memory profiler's overhead (the first step is left out when there are three or more).
 """
@@ -24,9 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch import nn
-
-from executor.compare import (
+from memplan.executor.compare import (
     Diff,
     buffers_of,
     params_of,
@@ -35,12 +33,13 @@ from executor.compare import (
     tensor_diff,
     tolerance_for,
 )
-from executor.guards import GUARDS
-from executor.report import ExecutorError, RunReport, StepRecord, error_pct
-from executor.runner import ScheduleRunner, value_bytes
-from planner.schema import Plan, PlanError
-from profiler.measure import param_dtype
-from profiler.schema import Profile, load_profile
+from memplan.executor.guards import GUARDS
+from memplan.executor.report import ExecutorError, RunReport, StepRecord, error_pct
+from memplan.executor.runner import ScheduleRunner, value_bytes
+from memplan.planner.schema import Plan, PlanError
+from memplan.profiler.measure import param_dtype
+from memplan.profiler.schema import Profile, load_profile
+from torch import nn
 
 __all__ = ["run_plan", "check_plan", "fixed_bytes_of", "make_optimizer", "optimizer_step"]
 
@@ -110,7 +109,7 @@ def check_plan(stages: Sequence[nn.Module], plan: Plan | dict | str,
 
     Raises `ExecutorError` naming the field: a plan without a schedule, a stage count that differs
     from the stages', a plan made for another profile (fingerprint), an invalid schedule."""
-    from planner.simulate import simulate
+    from memplan.planner.simulate import simulate
 
     if not isinstance(stages, (list, tuple, nn.ModuleList, nn.Sequential)) or len(stages) == 0:
         raise ExecutorError("stages: expected a non-empty sequence of nn.Module, run in order")
@@ -315,7 +314,7 @@ def run_plan(
         scale = float(scaler.get_scale()) if scaler else None
         _sync(device)
         if step == mem_step:
-            from profiler.memory import measure_memory
+            from memplan.profiler.memory import measure_memory
 
             with measure_memory(device) as meter:
                 loss = runner.step(example_input, loss_scale=scale)

@@ -1,4 +1,4 @@
-"""The schedule runner: executes a plan's op list exactly as ../shared/docs/chain-model.md defines it.
+"""The schedule runner: executes a plan's op list exactly as docs/chain-model.md defines it.
 
 NOTE [ Ops in PyTorch ]
 - `F i`: stage i under `torch.no_grad()`; its output becomes a_i.
@@ -26,13 +26,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from memplan.executor.guards import GUARDS, StageGuards
+from memplan.executor.report import ExecutorError
+from memplan.planner.schema import Op
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten, tree_unflatten
-
-from executor.guards import GUARDS, StageGuards
-from executor.report import ExecutorError
-from planner.schema import Op
 
 __all__ = ["ScheduleRunner", "forward_counts", "value_bytes"]
 
@@ -153,7 +152,7 @@ class ScheduleRunner:
         """NOTE [ Storage precision of checkpoints ] (planner/checkpoint_dtype.py): a new F output
         of a stored stage waits for its first reader; after that reader, unless the next op drops
         it (or, the reader being R, its record pins it), it is stored converted."""
-        from executor.features.storage import store
+        from memplan.executor.features.storage import store
 
         j = i - 1
         if j in self._fresh:
@@ -184,7 +183,7 @@ class ScheduleRunner:
             new_output = act[i] is None
             tmp_input = None
             if self.storage:
-                from executor.features.storage import Stored, load
+                from memplan.executor.features.storage import Stored, load
 
                 if isinstance(act[i - 1], Stored):
                     if name == "R":  # restored to its compute dtype; the record keeps it

@@ -2,13 +2,13 @@
 planned (and, where the executor can, run and compared), gathered into one report and plot.
 
 A cell is independent of every other, so a backend fans the cells out (the service's job worker,
-one after another; a Ray cluster, in parallel: `service.backends`); `sweep_cell(request, ctx)` is
+one after another; a Ray cluster, in parallel: `memplan.service.backends`); `sweep_cell(request, ctx)` is
 the job function every backend calls, and `gather(spec, outcomes)` builds the report.
 
 NOTE [ Reproducible sweeps ]
 Every byte a measured profile holds is exact and repeatable, but its times are not, and a planner
 choosing the fastest schedule within a budget may choose another one when two are close in time.
-`profile="analytic"` takes the profile from shapes (`profiler.analytic`: exact output and saved
+`profile="analytic"` takes the profile from shapes (`memplan.profiler.analytic`: exact output and saved
 bytes, times from FLOPs), so that the plans, their predictions and the measured peaks of a sweep
 are the same on every run and every backend; `profile="measured"` (the default) measures each
 configuration first, as `memplan run` does.
@@ -17,7 +17,7 @@ NOTE [ Precision policies in a run ]
 The executor runs fp32 weights with AdamW, under autocast for the mixed policies: "fp32",
 "bf16-mixed" (autocast bfloat16) and "fp16-mixed" (autocast float16 with a GradScaler). The other
 policies ("bf16": pure bf16 states; "zero-mixed": 16-bit weights with fp32 masters) are planned
-with their bytes per parameter (`planner.precision`) but not run; ask for `run=false`.
+with their bytes per parameter (`memplan.planner.precision`) but not run; ask for `run=false`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from memplan.executor.report import ExecutorError
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
-
-from executor.report import ExecutorError
 
 __all__ = [
     "SweepModel", "SweepSpec", "SweepCell", "SweepReport", "RUNNABLE_PRECISIONS", "cells",
@@ -138,8 +137,9 @@ class SweepReport(BaseModel):
 
 
 def _check_spec(spec: SweepSpec) -> None:
-    import planner
-    from planner.precision import POLICIES
+    from memplan.planner.precision import POLICIES
+
+    from memplan import planner
 
     for k, s in enumerate(spec.strategies):
         if s not in planner.STRATEGIES:
@@ -184,7 +184,7 @@ def cells(spec: SweepSpec | dict) -> list[dict[str, Any]]:
 
 
 def _runspec(req: dict[str, Any]):
-    from executor.pipeline import RunSpec
+    from memplan.executor.pipeline import RunSpec
 
     cfg = dict(req.get("config") or {})
     return RunSpec(model=req["model"], budget_bytes=req.get("budget_bytes"), strategy=req["strategy"],
@@ -192,7 +192,7 @@ def _runspec(req: dict[str, Any]):
 
 
 def _analytic(spec, req: dict[str, Any]):
-    from profiler import analytic
+    from memplan.profiler import analytic
 
     if spec.model == "gpt":
         cfg = dict(n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head,
@@ -209,11 +209,11 @@ def sweep_cell(request: dict[str, Any], ctx: Any = None) -> SweepCell:
     the plan for `steps` steps and compare with the unplanned step. Returns a `SweepCell`.
     (A job function: `ctx.progress(fraction, message)` is called as it advances.)"""
     import torch
+    from memplan.executor.pipeline import _build
+    from memplan.executor.run import run_plan
+    from memplan.planner.sharding import shard_profile
 
-    import planner
-    from executor.pipeline import _build
-    from executor.run import run_plan
-    from planner.sharding import shard_profile
+    from memplan import planner
 
     def progress(f: float, msg: str) -> None:
         if ctx is not None:
@@ -234,7 +234,7 @@ def sweep_cell(request: dict[str, Any], ctx: Any = None) -> SweepCell:
     if req["profile"] == "analytic":
         prof = _analytic(spec, req)
     else:
-        from profiler.measure import profile_chain
+        from memplan.profiler.measure import profile_chain
 
         prof = profile_chain(stages, x, repeats=spec.repeats, warmup=1, name=spec.model,
                              autocast_dtype=dtype,
@@ -363,10 +363,10 @@ def run_sweep(
     progress: Callable[[int, int], None] | None = None,
 ) -> SweepReport:
     """Run every cell of `spec` here, one after another, or on the Ray cluster at `ray_address`
-    (`service.backends.ray_backend.map_cells`, a task per cell), and gather the report."""
+    (`memplan.service.backends.ray_backend.map_cells`, a task per cell), and gather the report."""
     reqs = cells(spec)
     if ray_address:
-        from service.backends.ray_backend import map_cells
+        from memplan.service.backends.ray_backend import map_cells
 
         outcomes = map_cells(reqs, address=ray_address, progress=progress)
     else:

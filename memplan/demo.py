@@ -17,12 +17,12 @@ def main() -> None:
     quiet_torch_native_warnings()
     import torch
 
-    import planner
-    from executor.pipeline import RunSpec, run_builtin
+    from memplan import planner
     from memplan.cli.run import print_report
+    from memplan.executor.pipeline import RunSpec, run_builtin
+    from memplan.profiler.measure import profile_chain
+    from memplan.profiler.models.gpt import GPTConfig, build_gpt
     from memplan.units import format_bytes
-    from profiler.measure import profile_chain
-    from profiler.models.gpt import GPTConfig, build_gpt
 
     # one thread: on a small shared CPU, intra-op threads waiting on each other make timings erratic
     torch.set_num_threads(1)

@@ -4,8 +4,8 @@
     >>> plan = planner.plan(profile, budget_bytes=2 << 30, strategy="uniform")
     >>> plan.feasible, plan.predicted.peak_bytes, plan.predicted.overhead
 
-Every prediction comes from `planner.simulate.simulate`, the replay of a schedule under
-../shared/docs/chain-model.md.
+Every prediction comes from `memplan.planner.simulate.simulate`, the replay of a schedule under
+docs/chain-model.md.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from planner.schema import Plan, PlanError, Predicted
-from planner.simulate import Simulation, simulate
-from profiler.schema import Profile, ProfileError, load_profile
+from memplan.planner.schema import Plan, PlanError, Predicted
+from memplan.planner.simulate import Simulation, simulate
+from memplan.profiler.schema import Profile, ProfileError, load_profile
 
 __all__ = [
     "plan",
@@ -33,11 +33,11 @@ __all__ = [
 
 # name -> "module:function"; each function is `(profile, budget_bytes, **options) -> Plan`.
 STRATEGIES: dict[str, str] = {
-    "store-all": "planner.store_all:plan_store_all",
-    "uniform": "planner.uniform:plan_uniform",
-    "sqrt": "planner.sqrt:plan_sqrt",
-    "heuristic": "planner.heuristic:plan_heuristic",
-    "optimal": "planner.optimal:plan_optimal",
+    "store-all": "memplan.planner.store_all:plan_store_all",
+    "uniform": "memplan.planner.uniform:plan_uniform",
+    "sqrt": "memplan.planner.sqrt:plan_sqrt",
+    "heuristic": "memplan.planner.heuristic:plan_heuristic",
+    "optimal": "memplan.planner.optimal:plan_optimal",
 }
 
 
@@ -70,19 +70,19 @@ def plan(
 
     Data parallel over `n_gpus` GPUs at ZeRO `zero_stage` (0-3), or with the model states priced
     by a `precision` policy: the profile's fixed bytes become the per-GPU bytes of
-    `planner.sharding.shard_profile`, so `predicted.total_peak_bytes` is what each GPU holds.
+    `memplan.planner.sharding.shard_profile`, so `predicted.total_peak_bytes` is what each GPU holds.
     `memory_bytes` (per GPU) instead of `budget_bytes`: the budget is that minus the fixed bytes.
 
     `checkpoint_dtype` (compute, auto, or a dtype) and `tolerance` choose how kept activations are
     stored (planner/checkpoint_dtype.py): a strategy that takes them (optimal) chooses within its
     search; the others' schedules get the storage applied afterwards.
     """
-    from planner._build import check_budget
+    from memplan.planner._build import check_budget
 
     prof = load_profile(profile)
     sharded = n_gpus != 1 or zero_stage != 0 or precision is not None
     if sharded:
-        from planner.sharding import shard_profile
+        from memplan.planner.sharding import shard_profile
 
         prof = shard_profile(prof, n_gpus=n_gpus, zero_stage=zero_stage, policy=precision)
     if memory_bytes is not None:
@@ -104,7 +104,7 @@ def plan(
                 f"{key}: strategy {strategy!r} takes no such option"
                 + (f"; it takes {', '.join(accepted)}" if accepted else "; it takes none")
             )
-    from planner.checkpoint_dtype import apply_storage, parse_checkpoint_dtype
+    from memplan.planner.checkpoint_dtype import apply_storage, parse_checkpoint_dtype
 
     stored = parse_checkpoint_dtype(checkpoint_dtype) != "compute"
     if stored and "checkpoint_dtype" in accepted:  # the strategy chooses storage in its search
@@ -122,4 +122,4 @@ def plan(
     return out
 
 
-from planner.frontier import frontier  # noqa: E402  (needs plan and STRATEGIES above)
+from memplan.planner.frontier import frontier  # noqa: E402  (needs plan and STRATEGIES above)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from planner.schema import Op, Plan, PlanError, Predicted
-from planner.simulate import Simulation, _replay
-from profiler.schema import Profile
+from memplan.planner.schema import Op, Plan, PlanError, Predicted
+from memplan.planner.simulate import Simulation, _replay
+from memplan.profiler.schema import Profile
 
 __all__ = ["insert_drops", "one_level_ops", "finish_plan", "infeasible_plan", "check_budget"]
 

@@ -1,4 +1,4 @@
-"""The exact persistent dynamic programme behind `planner.optimal`, as Pareto frontiers in bytes.
+"""The exact persistent dynamic programme behind `memplan.planner.optimal`, as Pareto frontiers in bytes.
 
 NOTE [ the recurrence ]
 Beaumont et al. 2019 ("Optimal checkpointing for heterogeneous chains", the rotor paper) solve
@@ -22,7 +22,7 @@ Without late splits the DP missed persistent optima that an exhaustive search fi
 1,500 random chains of up to 6 stages with the one-stage case, s' = s + 1, already in; without
 that case, on 1 of 300).
 
-Under ../shared/docs/chain-model.md every op's "bytes live during" is a sum of the sizes that the
+Under docs/chain-model.md every op's "bytes live during" is a sum of the sizes that the
 sub-chain owns plus what its ancestors hold, so each sub-chain's best time is a step function of the
 memory it may use. We keep that function exactly, as its Pareto points (peak bytes, seconds), not
 on a grid of memory slots: peaks are integers, so nothing is rounded and nothing is lost. Combining
@@ -56,7 +56,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from planner.simulate import nograd_forward_s, nograd_forward_temp_bytes
+from memplan.planner.simulate import nograd_forward_s, nograd_forward_temp_bytes
 
 __all__ = ["Costs", "Frontiers", "solve", "costs_of", "schedule_ops", "least_peak", "group_costs",
            "expand_ops", "late_useful", "late_useful_of"]
@@ -287,7 +287,7 @@ def _envelope(cand, cap):
 def schedule_ops(fr, budget: int) -> list[tuple]:
     """The compute ops (F, R, loss, B; no drops) of the fastest schedule within `budget` bytes,
     from `Frontiers` or the compiled kernel's `PoolFrontiers` (anything with `costs` and
-    `choice`). The caller adds drops with `planner._build.insert_drops`. Raises ValueError when
+    `choice`). The caller adds drops with `memplan.planner._build.insert_drops`. Raises ValueError when
     none fits."""
     c = fr.costs
     return build_ops(c.L, c.x, c.s, budget, fr.choice, unit="bytes")

@@ -40,8 +40,7 @@ import os
 import threading
 
 import numpy as np
-
-from planner._optimal_dp import RECORD, Costs, late_useful
+from memplan.planner._optimal_dp import RECORD, Costs, late_useful
 
 __all__ = ["available", "solve_compiled", "least_peak_compiled", "PoolFrontiers", "warm"]
 
@@ -639,7 +638,7 @@ def solve_compiled(c: Costs, *, cap: int | None = None, windowed: bool = False, 
     (NOTE [ windows ]); several times faster. Returns `PoolFrontiers` (the reference's
     `Frontiers` where numba is missing, which ignores `windowed`)."""
     if not _NUMBA:  # pragma: no cover
-        from planner._optimal_dp import solve
+        from memplan.planner._optimal_dp import solve
 
         return solve(c, cap=cap)
     if cap is not None and cap < 0:
@@ -655,7 +654,7 @@ def solve_compiled(c: Costs, *, cap: int | None = None, windowed: bool = False, 
 def least_peak_compiled(c: Costs) -> int:
     """`_optimal_dp.least_peak` compiled: the least peak (bytes) of any schedule of the recurrence."""
     if not _NUMBA:  # pragma: no cover
-        from planner._optimal_dp import least_peak
+        from memplan.planner._optimal_dp import least_peak
 
         return least_peak(c)
     x, _, _, _, s, tff, tfr, tfl, tb, useful = _arrays(c)

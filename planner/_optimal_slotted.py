@@ -1,4 +1,4 @@
-"""The slotted persistent DP behind `planner.optimal`'s "slotted" mode, with a certified bound.
+"""The slotted persistent DP behind `memplan.planner.optimal`'s "slotted" mode, with a certified bound.
 
 NOTE [ slotted mode and its bound ]
 The exact frontier DP (planner/_optimal_dp.py) is ~L^3 x (frontier size) in Python: seconds at 60
@@ -28,8 +28,7 @@ import time as _time
 from dataclasses import dataclass
 
 import numpy as np
-
-from planner._optimal_dp import RECORD, Costs, build_ops, late_useful_of
+from memplan.planner._optimal_dp import RECORD, Costs, build_ops, late_useful_of
 
 __all__ = ["SlotResult", "Refined", "slot_sizes", "solve_slotted", "slotted_ops", "refine", "gap_of"]
 
@@ -187,7 +186,7 @@ def _take(row, chrow, cand, code) -> None:
 
 def slotted_ops(res: SlotResult) -> list[tuple]:
     """Compute ops (F, R, loss, B; no drops) of the UP run's fastest schedule within all slots,
-    as `planner._optimal_dp.schedule_ops` builds them. Raises ValueError when nothing fits."""
+    as `memplan.planner._optimal_dp.schedule_ops` builds them. Raises ValueError when nothing fits."""
     sc, CH = res.sc, res.choice
     assert CH is not None, "slotted_ops needs a run with choices"
 
@@ -259,8 +258,8 @@ TIME_CAP_S = 4.0  # refinement stops before a doubling would pass this many seco
 
 def check_mode(mode, slots, max_gap) -> None:
     """Validate the mode options (PlanError naming the field)."""
-    from planner.optimal import MODES
-    from planner.schema import PlanError
+    from memplan.planner.optimal import MODES
+    from memplan.planner.schema import PlanError
 
     if mode not in MODES:
         raise PlanError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
@@ -275,7 +274,7 @@ def check_mode(mode, slots, max_gap) -> None:
 def use_slotted(mode, budget_bytes, max_overhead, checkpoint_dtype) -> bool:
     """Whether `plan_optimal` runs the slotted mode: when asked (NOTE [ when slotted mode runs ]);
     it needs a budget, since slots are its fractions."""
-    from planner.schema import PlanError
+    from memplan.planner.schema import PlanError
 
     if mode == "slotted":
         if budget_bytes is None or max_overhead is not None:
@@ -291,11 +290,11 @@ def use_slotted(mode, budget_bytes, max_overhead, checkpoint_dtype) -> bool:
 def plan_slotted(profile, budget_bytes: int, *, slots: int = 500, max_gap: float = 0.01):
     """The slotted mode's Plan: the UP run's schedule, replayed (its time and peak), with
     `options` mode/slots/lower_bound_s/optimality_gap (NOTE [ slotted mode and its bound ])."""
-    from planner._build import finish_plan, infeasible_plan, insert_drops
-    from planner._optimal_dp import costs_of, schedule_ops
-    from planner._optimal_kernel import least_peak_compiled as least_peak
-    from planner._optimal_kernel import solve_compiled as solve
-    from planner.simulate import _replay
+    from memplan.planner._build import finish_plan, infeasible_plan, insert_drops
+    from memplan.planner._optimal_dp import costs_of, schedule_ops
+    from memplan.planner._optimal_kernel import least_peak_compiled as least_peak
+    from memplan.planner._optimal_kernel import solve_compiled as solve
+    from memplan.planner.simulate import _replay
 
     c = costs_of(profile)
     L = profile.n_stages

@@ -1,9 +1,9 @@
 """Storage precision of checkpoints: which dtype each kept activation a_i is stored in.
 
 NOTE [ Storage precision of checkpoints ]
-The chain model (../shared/docs/chain-model.md) keeps a_i in the dtype its stage computed it in.
+The chain model (docs/chain-model.md) keeps a_i in the dtype its stage computed it in.
 A plan may store a kept activation in another dtype (`Plan.checkpoint_dtypes`, stage -> dtype),
-which `planner.simulate` replays with these rules (docs/precision.md):
+which `memplan.planner.simulate` replays with these rules (docs/precision.md):
 
 - `F i` produces a_i as computed (x_i bytes). Its first reader, `F i+1`, runs on it unchanged, so
   the forward (and the loss) is exactly the unplanned one; right after that op, unless the next op
@@ -20,7 +20,7 @@ which `planner.simulate` replays with these rules (docs/precision.md):
 Lossy storage (bf16 of an fp32 residual stream, fp8) perturbs only the recomputation: the gradient
 changes, the forward does not. The planner bounds that change: each lossy stored activation i
 costs `storage_error(profile, i, dtype)`, a relative gradient error (the executor's metric, the
-per-tensor max|g - g_ref| / max|g_ref|), measured (`executor.precision_run.measure_sensitivity`,
+per-tensor max|g - g_ref| / max|g_ref|), measured (`memplan.executor.precision_run.measure_sensitivity`,
 kept in `profile.meta["storage_sensitivity"]`) or else KAPPA x the dtype's unit roundoff; the costs
 add (first order, triangle inequality), and a plan's sum never exceeds the tolerance it was given.
 """
@@ -31,8 +31,8 @@ import logging
 import math
 from dataclasses import dataclass
 
-from planner.schema import Op, Plan, PlanError
-from profiler.schema import Profile
+from memplan.planner.schema import Op, Plan, PlanError
+from memplan.profiler.schema import Profile
 
 __all__ = [
     "StorageDtype",
@@ -213,7 +213,7 @@ def choose_storage(
     tolerance allows, largest activations first), `compute` (none), or one dtype for all kept
     activations (lossy ones only as far as the tolerance allows). Lossy choices that do not lower
     the peak are then undone. Returns a `StorageChoice` (bytes, relative error)."""
-    from planner.simulate import _replay
+    from memplan.planner.simulate import _replay
 
     mode = parse_checkpoint_dtype(checkpoint_dtype)
     _check_tolerance(tolerance)
@@ -268,7 +268,7 @@ def choose_storage(
 
 def _kept(profile: Profile, ops: list[Op]) -> list[int]:
     """Stages whose F output the replay would convert (stored across later ops)."""
-    from planner.simulate import _replay
+    from memplan.planner.simulate import _replay
 
     candidates = {}
     for i in range(1, profile.n_stages):
@@ -289,8 +289,8 @@ def apply_storage(
 ) -> Plan:
     """`plan` with its kept activations' storage chosen by `choose_storage`, re-predicted and
     re-checked against its budget. An infeasible plan without a schedule is returned unchanged."""
-    from planner._build import finish_plan
-    from planner.simulate import _replay
+    from memplan.planner._build import finish_plan
+    from memplan.planner.simulate import _replay
 
     if not plan.schedule:
         return plan

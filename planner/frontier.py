@@ -1,25 +1,24 @@
 """The memory-time frontier: every Pareto-optimal (peak, time) of the optimal planner, from the
 store-all peak down to the least feasible budget, with each baseline strategy's point beside it.
 
-Every number is a replay (`planner.simulate`) of the schedule the point stands for.
+Every number is a replay (`memplan.planner.simulate`) of the schedule the point stands for.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from planner._build import one_level_ops
-from planner.optimal import (
+from memplan.planner._build import one_level_ops
+from memplan.planner.optimal import (
     DEFAULT_GROUPS,
     _check_options,
     _ops_for,
     solve_frontier,
 )
-from planner.schema import PlanError
-from planner.simulate import _replay, store_all_time
-from profiler.schema import Profile, load_profile
+from memplan.planner.schema import PlanError
+from memplan.planner.simulate import _replay, store_all_time
+from memplan.profiler.schema import Profile, load_profile
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["FrontierPoint", "BaselinePoint", "Frontier", "frontier", "plot_frontier"]
 
@@ -91,9 +90,9 @@ def _thin(peaks: list[int], n: int, keep: set[int]) -> list[int]:
 
 
 def _baselines(profile: Profile) -> list[tuple[str, str, int, float]]:
-    from planner.heuristic import plan_heuristic
-    from planner.sqrt import plan_sqrt
-    from planner.uniform import uniform_segments
+    from memplan.planner.heuristic import plan_heuristic
+    from memplan.planner.sqrt import plan_sqrt
+    from memplan.planner.uniform import uniform_segments
 
     L = profile.n_stages
     out = []

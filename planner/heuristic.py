@@ -7,10 +7,10 @@ the smallest count whose peak fits the budget.
 
 from __future__ import annotations
 
-from planner._build import finish_plan, infeasible_plan, one_level_ops
-from planner.schema import Op, Plan
-from planner.simulate import Simulation, _replay
-from profiler.schema import Profile
+from memplan.planner._build import finish_plan, infeasible_plan, one_level_ops
+from memplan.planner.schema import Op, Plan
+from memplan.planner.simulate import Simulation, _replay
+from memplan.profiler.schema import Profile
 
 __all__ = ["plan_heuristic", "heuristic_order"]
 

@@ -1,7 +1,7 @@
 """Optimal checkpointing: the least-time persistent schedule within a memory budget, exact in bytes.
 
 The dynamic programme of Beaumont et al. 2019 ("Optimal checkpointing for heterogeneous chains"),
-adapted to ../shared/docs/chain-model.md and kept as exact Pareto frontiers (peak bytes, seconds)
+adapted to docs/chain-model.md and kept as exact Pareto frontiers (peak bytes, seconds)
 per sub-chain: see planner/_optimal_dp.py. It also answers the inverse question (`max_overhead`:
 the least memory whose time is at most (1 + max_overhead) x the store-all time).
 
@@ -22,11 +22,11 @@ from __future__ import annotations
 import logging
 import math
 
-from planner._build import finish_plan, infeasible_plan, insert_drops
-from planner._optimal_dp import costs_of, expand_ops, group_costs, schedule_ops
-from planner.schema import Plan, PlanError
-from planner.simulate import _replay, store_all_time
-from profiler.schema import Profile
+from memplan.planner._build import finish_plan, infeasible_plan, insert_drops
+from memplan.planner._optimal_dp import costs_of, expand_ops, group_costs, schedule_ops
+from memplan.planner.schema import Plan, PlanError
+from memplan.planner.simulate import _replay, store_all_time
+from memplan.profiler.schema import Profile
 
 __all__ = ["plan_optimal", "solve_frontier", "EXACT_MAX_STAGES", "EXACT_MAX_STAGES_UNCAPPED",
            "DEFAULT_GROUPS", "MODES"]
@@ -45,14 +45,14 @@ def solve(c, *, cap: int | None = None, windowed: bool = False):
     """The compiled DP's frontiers (planner/_optimal_kernel.py; `windowed`: NOTE [ windows ]
     there). Imported on first use: numba's import is most of `import planner`'s time, and
     baselines and the simulator never need it."""
-    from planner._optimal_kernel import solve_compiled
+    from memplan.planner._optimal_kernel import solve_compiled
 
     return solve_compiled(c, cap=cap, windowed=windowed)
 
 
 def least_peak(c) -> int:
     """The least peak (bytes) of any schedule of the recurrence, compiled (see `solve`)."""
-    from planner._optimal_kernel import least_peak_compiled
+    from memplan.planner._optimal_kernel import least_peak_compiled
 
     return least_peak_compiled(c)
 
@@ -148,7 +148,7 @@ def plan_optimal(
     "slotted" (rotor's formulation: memory in `slots` slots, refined while the certified
     `optimality_gap` exceeds `max_gap`, NOTE [ slotted mode and its bound ])."""
     _check_options(max_overhead, exact_max_stages, groups)
-    from planner._optimal_slotted import check_mode, plan_slotted, use_slotted
+    from memplan.planner._optimal_slotted import check_mode, plan_slotted, use_slotted
 
     check_mode(mode, slots, max_gap)
     if use_slotted(mode, budget_bytes, max_overhead, checkpoint_dtype):
@@ -158,7 +158,7 @@ def plan_optimal(
     elif mode == "grouped":
         exact_max_stages = 1
     if checkpoint_dtype != "compute":
-        from planner.checkpoint_dtype import parse_checkpoint_dtype
+        from memplan.planner.checkpoint_dtype import parse_checkpoint_dtype
 
         if parse_checkpoint_dtype(checkpoint_dtype) != "compute":
             return _plan_with_storage(
@@ -229,7 +229,7 @@ def _plan_with_storage(profile: Profile, budget_bytes, *, max_overhead, exact_ma
     Storage lowers the peak of a schedule that keeps activations, so schedules faster than the
     compute-dtype optimum may fit: walk the uncapped frontier from the fastest point down to the
     fastest one that fits as computed, and take the first that fits once stored."""
-    from planner.checkpoint_dtype import apply_storage, choose_storage, storage_options
+    from memplan.planner.checkpoint_dtype import apply_storage, choose_storage, storage_options
 
     base = plan_optimal(profile, budget_bytes, max_overhead=max_overhead,
                         exact_max_stages=exact_max_stages, groups=groups)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from planner.schema import PlanError
+from memplan.planner.schema import PlanError
 
 __all__ = ["PrecisionPolicy", "POLICIES", "get_policy", "fixed_bytes"]
 

@@ -1,6 +1,6 @@
 """The plan: a schedule of operations over a profile's chain, and what it is predicted to cost.
 
-A schedule is plain data, a list of ops encoded exactly as ../shared/docs/chain-model.md does:
+A schedule is plain data, a list of ops encoded exactly as docs/chain-model.md does:
 `["F", i]`, `["R", i]`, `["drop", i]`, `["loss"]`, `["B", i]`, with i the 1-based stage index.
 In Python each op is a tuple: `("F", 3)`, `("loss",)`.
 """

@@ -15,10 +15,9 @@ at a time (transient, `gathered_params`), which the plan's activations sit besid
 
 from __future__ import annotations
 
+from memplan.planner.precision import PrecisionPolicy, get_policy
+from memplan.planner.schema import PlanError
 from pydantic import BaseModel, ConfigDict, Field
-
-from planner.precision import PrecisionPolicy, get_policy
-from planner.schema import PlanError
 
 __all__ = ["ShardedMemory", "sharded_fixed_bytes", "shard_profile", "ZERO_STAGES"]
 
@@ -99,7 +98,7 @@ def shard_profile(
     a name prices the states by that precision policy instead. `gathered_params` (stage 3): the
     largest unit gathered at once; default the largest stage's parameters.
     Raises PlanError when the profile has no parameter count (`meta.fixed.n_params`)."""
-    from profiler.schema import load_profile
+    from memplan.profiler.schema import load_profile
 
     prof = load_profile(profile)
     fixed = prof.meta.get("fixed") if isinstance(prof.meta, dict) else None

@@ -1,6 +1,6 @@
 """Replay a schedule under the chain model: the single source of every time and peak memplan predicts.
 
-Rules: ../shared/docs/chain-model.md, "The operations of a schedule". Memory is counted in bytes
+Rules: docs/chain-model.md, "The operations of a schedule". Memory is counted in bytes
 above `fixed_bytes`; `a_0` (the input) is live throughout.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.schema import Op, parse_schedule
-from profiler.schema import Profile, load_profile
+from memplan.planner.schema import Op, parse_schedule
+from memplan.profiler.schema import Profile, load_profile
 
 __all__ = ["Simulation", "simulate", "store_all_time"]
 
@@ -53,7 +53,7 @@ def simulate(
 
     Returns a `Simulation`: validity (the first broken rule and its op), time in seconds, peak bytes
     (above fixed memory) and the bytes live during each op. An invalid schedule is a result with
-    `valid=False`, not an exception; malformed ops raise `planner.schema.PlanError`.
+    `valid=False`, not an exception; malformed ops raise `memplan.planner.schema.PlanError`.
     `storage` maps stages i (1..L-1) to the dtype their kept outputs a_i are stored in (see
     NOTE [ Storage precision of checkpoints ] in planner/checkpoint_dtype.py); None: as computed.
     """
@@ -124,7 +124,7 @@ def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None)
     xs: dict[int, int] = {}
     cast_tmp: dict[int, int] = {}
     if storage:
-        from planner.checkpoint_dtype import storage_sizes
+        from memplan.planner.checkpoint_dtype import storage_sizes
 
         xs, cast_tmp = storage_sizes(prof, storage)
     fresh = [False] * (L + 1)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from planner._build import finish_plan, one_level_ops
-from planner.schema import Plan
-from profiler.schema import Profile
+from memplan.planner._build import finish_plan, one_level_ops
+from memplan.planner.schema import Plan
+from memplan.profiler.schema import Profile
 
 __all__ = ["plan_sqrt", "sqrt_segments"]
 

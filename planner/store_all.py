@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from planner._build import finish_plan, one_level_ops
-from planner.schema import Plan
-from profiler.schema import Profile
+from memplan.planner._build import finish_plan, one_level_ops
+from memplan.planner.schema import Plan
+from memplan.profiler.schema import Profile
 
 __all__ = ["plan_store_all"]
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from planner._build import finish_plan, infeasible_plan, one_level_ops
-from planner.schema import Plan, PlanError
-from planner.simulate import Simulation, _replay
-from profiler.schema import Profile
+from memplan.planner._build import finish_plan, infeasible_plan, one_level_ops
+from memplan.planner.schema import Plan, PlanError
+from memplan.planner.simulate import Simulation, _replay
+from memplan.profiler.schema import Profile
 
 __all__ = ["plan_uniform", "uniform_segments"]
 

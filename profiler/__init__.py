@@ -1,7 +1,7 @@
 """memplan's profiler: per-stage costs of a model (the profile).
 
 Only the schema is imported eagerly; the measuring code imports torch and is loaded on first use
-(`profiler.profile_chain`, `profiler.analytic`), so that `import profiler` stays light for the
+(`memplan.profiler.profile_chain`, `memplan.profiler.analytic`), so that `import profiler` stays light for the
 planner and the service.
 """
 
@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiler.schema import SCHEMA_VERSION, LayerProfile, Profile, ProfileError, load_profile
+from memplan.profiler.schema import (
+    SCHEMA_VERSION,
+    LayerProfile,
+    Profile,
+    ProfileError,
+    load_profile,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -23,9 +29,9 @@ __all__ = [
 ]
 
 _LAZY = {
-    "profile_chain": "profiler.measure",
-    "gpt_analytic_profile": "profiler.analytic",
-    "conv_analytic_profile": "profiler.analytic",
+    "profile_chain": "memplan.profiler.measure",
+    "gpt_analytic_profile": "memplan.profiler.analytic",
+    "conv_analytic_profile": "memplan.profiler.analytic",
 }
 
 

@@ -3,7 +3,7 @@ than the machine at hand. No torch import: planning and sizing stay instant and 
 
 NOTE [ What PyTorch saves in a GPT block ]
 The per-stage `saved_bytes` below are not a rule of thumb: they list, tensor by tensor, what
-autograd keeps in PyTorch 2.x for the modules of `profiler.models.gpt`, and the tests check them
+autograd keeps in PyTorch 2.x for the modules of `memplan.profiler.models.gpt`, and the tests check them
 byte for byte against `profile_chain` on the CPU. With B batch, T sequence, C width, H heads,
 e the element size of the compute dtype (4 fp32, 2 bf16), D = H x head_dim the attention's inner
 width and F the feed-forward's hidden width (D = C and F = 4C for GPT-2; smaller once heads or
@@ -63,7 +63,7 @@ import math
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
-from profiler.schema import LayerProfile, Profile, ProfileError
+from memplan.profiler.schema import LayerProfile, Profile, ProfileError
 
 __all__ = [
     "gpt_analytic_profile",
@@ -121,7 +121,7 @@ def _device_kind(device: str) -> str:
 
 
 def gpt_block_saved_bytes(cfg: Any, *, device: str = "cpu") -> int:
-    """Bytes autograd saves for one block of `profiler.models.gpt` (see the NOTE), exact on the CPU
+    """Bytes autograd saves for one block of `memplan.profiler.models.gpt` (see the NOTE), exact on the CPU
     for dropout 0 and no early exit."""
     c = _config(cfg, _GPT_DEFAULTS)
     kind = _device_kind(device)
@@ -202,7 +202,7 @@ def gpt_analytic_profile(
     optimizer: str = "adamw",
     name: str | None = None,
 ) -> Profile:
-    """The profile of `profiler.models.gpt` for `cfg` (a GPTConfig or a dict of its fields) from
+    """The profile of `memplan.profiler.models.gpt` for `cfg` (a GPTConfig or a dict of its fields) from
     shapes alone: exact `output_bytes`, `saved_bytes`, `param_bytes`, `input_bytes` and
     `fixed_bytes` (CPU accounting: LayerNorm statistics and the math path's precision differ on a
     GPU, see the NOTE); FLOPs counted like FlopCounterMode (matrix products); times from FLOPs at
@@ -276,7 +276,7 @@ def gpt_analytic_profile(
         fixed_bytes=fixed["total_bytes"],
         layers=layers,
         meta={
-            "source": "profiler.analytic.gpt_analytic_profile",
+            "source": "memplan.profiler.analytic.gpt_analytic_profile",
             "config": {"family": "gpt", **{k_: (list(v) if isinstance(v, tuple) else v) for k_, v in c.items()}},
             "flops_per_s": flops_per_s,
             "optimizer": optimizer,
@@ -298,7 +298,7 @@ def conv_analytic_profile(
     cfg: Any, *, device: str = "cpu", flops_per_s: float = 1e12, optimizer: str = "adamw",
     name: str | None = None,
 ) -> Profile:
-    """The profile of `profiler.models.conv` for `cfg` from shapes: exact output and saved bytes in
+    """The profile of `memplan.profiler.models.conv` for `cfg` from shapes: exact output and saved bytes in
     fp32 (BatchNorm keeps its input, which is the stage input, and fp32 mean and inverse std per
     channel; ReLU its output, shared with the next convolution's input), FLOPs of the convolutions
     and the classifier; times and transients as for the GPT."""
@@ -365,7 +365,7 @@ def conv_analytic_profile(
     return Profile(
         name=name or "resnet-like", device=device, dtype=c["dtype"],
         input_bytes=e * B * cin * c["image_size"] ** 2, fixed_bytes=fixed["total_bytes"], layers=layers,
-        meta={"source": "profiler.analytic.conv_analytic_profile", "flops_per_s": flops_per_s,
+        meta={"source": "memplan.profiler.analytic.conv_analytic_profile", "flops_per_s": flops_per_s,
               "config": {"family": "conv", **{k_: (list(v) if isinstance(v, tuple) else v) for k_, v in c.items()}},
               "fixed": fixed, "optimizer": optimizer,
               "exact": ["output_bytes", "saved_bytes", "param_bytes", "input_bytes", "fixed_bytes"]},

@@ -16,8 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from profiler.schema import ProfileError
+from memplan.profiler.schema import ProfileError
 
 __all__ = ["cut_sequential", "cut_blocks", "cut_decoder", "WithLoss"]
 

@@ -14,7 +14,7 @@ with every parameter's gradient already allocated (as in a training step after t
   planner/simulate.py);
   `backward_temp_bytes`: the peak during its backward, above the level at its
   start, minus the new input gradient. On a GPU from the caching allocator's counters, on the CPU
-  from the PyTorch profiler's allocation events (`profiler.memory`), both exact.
+  from the PyTorch profiler's allocation events (`memplan.profiler.memory`), both exact.
 - `forward_s`, `backward_s`, `forward_nograd_s` (the same forward under torch.no_grad(), which an
   `F` op runs): medians over `repeats` after `warmup` runs, timed apart from the
   memory passes (the profiler's bookkeeping would slow them): CUDA events on a GPU, a monotonic
@@ -41,9 +41,8 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-
-from profiler.memory import measure_memory
-from profiler.schema import LayerProfile, Profile, ProfileError
+from memplan.profiler.memory import measure_memory
+from memplan.profiler.schema import LayerProfile, Profile, ProfileError
 
 __all__ = ["profile_chain", "optimizer_state_bytes", "stage_names", "param_dtype"]
 
@@ -153,7 +152,7 @@ def profile_chain(
                 progress(i + 1, len(stages), label)
         fixed = _fixed_bytes(stages, params, optimizer, dev)
         info: dict[str, Any] = {
-            "source": "profiler.profile_chain (measured)",
+            "source": "memplan.profiler.profile_chain (measured)",
             "torch": torch.__version__,
             "repeats": repeats,
             "warmup": warmup,
@@ -695,7 +694,7 @@ def _restore_state(stages, snap: dict[str, Any]) -> None:
 def _model_report(stages) -> dict[str, Any]:
     """Model-specific facts for the profile's meta (attention backend used, fallbacks)."""
     try:
-        from profiler.models.gpt import Block, gpt_report
+        from memplan.profiler.models.gpt import Block, gpt_report
     except ImportError:  # pragma: no cover
         return {}
     if any(isinstance(s, Block) for s in stages):

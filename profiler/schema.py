@@ -1,4 +1,4 @@
-"""The profile: per-stage costs of one training step, as ../shared/docs/chain-model.md defines them.
+"""The profile: per-stage costs of one training step, as docs/chain-model.md defines them.
 
 Plain validated data shared by every part of memplan. This module imports pydantic only (no torch),
 so that the planner and the service can read profiles without the measuring stack.

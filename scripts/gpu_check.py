@@ -12,7 +12,7 @@ Sections (`--sections`, comma-separated; default all):
 - models: GPT-2 small (B 8 and 32) and medium (B 4 and 16), T 1024, bf16, flash. Per model: the
   measured profile against the analytic one (bytes per stage, FLOPs, fixed bytes), a plain
   training step's peak and time against the store-all replay, then store-all, sqrt, optimal at
-  sqrt's peak and optimal at 75% of the store-all peak, each run with `executor.run_plan`
+  sqrt's peak and optimal at 75% of the store-all peak, each run with `memplan.executor.run_plan`
   (targets: peak within 2%, time within 10%; overhead measured against store-all measured in the
   same run; gradients against the unplanned step, per step).
 - features: a small GPT with dropout 0.1, every feature alone and together (moe, flash, qat,
@@ -44,14 +44,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from memplan.executor.features import apply_features, model_options  # noqa: E402
+from memplan.executor.run import run_plan  # noqa: E402
+from memplan.profiler.analytic import gpt_analytic_profile  # noqa: E402
+from memplan.profiler.measure import profile_chain  # noqa: E402
+from memplan.profiler.memory import measure_memory  # noqa: E402
+from memplan.profiler.models.gpt import GPT2_SIZES, GPTConfig, build_gpt, gpt_report  # noqa: E402
 
 import planner  # noqa: E402
-from executor.features import apply_features, model_options  # noqa: E402
-from executor.run import run_plan  # noqa: E402
-from profiler.analytic import gpt_analytic_profile  # noqa: E402
-from profiler.measure import profile_chain  # noqa: E402
-from profiler.memory import measure_memory  # noqa: E402
-from profiler.models.gpt import GPT2_SIZES, GPTConfig, build_gpt, gpt_report  # noqa: E402
 
 log = logging.getLogger("gpu_check")
 
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     out = args.out or (Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT") else Path("gpu_check.json"))
-    from planner._optimal_kernel import available
+    from memplan.planner._optimal_kernel import available
 
     res = _Results(out, {
         "date": time.strftime("%Y-%m-%d"), "device": str(device),

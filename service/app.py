@@ -1,7 +1,7 @@
 """The FastAPI application: `uvicorn service.app:app`, or `memplan serve`.
 
-It translates HTTP to library calls and back, and nothing more: plans come from `planner.plan`,
-sizing from `planner.scaling`, profiles and runs from the profiler and executor via the job worker.
+It translates HTTP to library calls and back, and nothing more: plans come from `memplan.planner.plan`,
+sizing from `memplan.planner.scaling`, profiles and runs from the profiler and executor via the job worker.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-
-from service.jobs.store import JobStore
-from service.jobs.supervisor import WorkerSupervisor
-from service.limits import BodyLimitMiddleware
-from service.problems import Problem, install_problem_handlers
-from service.routers import health, plans, profiles, runs, sizing, sweeps
-from service.settings import Settings, get_settings
+from memplan.service.jobs.store import JobStore
+from memplan.service.jobs.supervisor import WorkerSupervisor
+from memplan.service.limits import BodyLimitMiddleware
+from memplan.service.problems import Problem, install_problem_handlers
+from memplan.service.routers import health, plans, profiles, runs, sizing, sweeps
+from memplan.service.settings import Settings, get_settings
 
 __all__ = ["app", "create_app", "STARTED_AT"]
 
@@ -90,16 +89,15 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     for name, sub in problem.pop("$defs", {}).items():
         comps.setdefault(name, sub)
     comps["Problem"] = problem
+    from memplan.service.deps import BODY_MODELS
     from pydantic.json_schema import models_json_schema
-
-    from service.deps import BODY_MODELS
 
     _, bodies = models_json_schema(
         [(m, "validation") for m in BODY_MODELS.values()], ref_template="#/components/schemas/{model}"
     )
     for name, sub in bodies.get("$defs", {}).items():
         comps.setdefault(name, sub)
-    from service.problems import problem_responses
+    from memplan.service.problems import problem_responses
 
     for ops in schema.get("paths", {}).values():
         for op in ops.values():

@@ -10,11 +10,10 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
+from memplan.service.jobs.store import JobStore
+from memplan.service.problems import ProblemError
+from memplan.service.settings import Settings
 from pydantic import BaseModel, ValidationError
-
-from service.jobs.store import JobStore
-from service.problems import ProblemError
-from service.settings import Settings
 
 __all__ = ["SettingsDep", "StoreDep", "require_api_key", "ApiKeyDep", "json_body", "body_openapi",
            "JobId", "IdempotencyKey", "PreferWait"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.problems import PROBLEM_MEDIA_TYPE
+from memplan.service.problems import PROBLEM_MEDIA_TYPE
 
 __all__ = ["BodyLimitMiddleware"]
 

@@ -50,14 +50,14 @@ class Settings(BaseSettings):
         default=None, description="device for profiles and runs ('cuda', 'cpu'); default: cuda if any"
     )
     run_job: str = Field(
-        default="service.jobs.kinds:run_job", description="'module:function' that executes a run"
+        default="memplan.service.jobs.kinds:run_job", description="'module:function' that executes a run"
     )
     profile_job: str = Field(
-        default="service.jobs.kinds:profile_job",
+        default="memplan.service.jobs.kinds:profile_job",
         description="'module:function' that profiles a built-in model",
     )
     sweep_cell_job: str = Field(
-        default="executor.sweep:sweep_cell", description="'module:function' that runs a sweep cell"
+        default="memplan.executor.sweep:sweep_cell", description="'module:function' that runs a sweep cell"
     )
     ray_address: str | None = Field(
         default=None,

@@ -43,13 +43,13 @@ def apply_features(stages, features: Sequence[str]) -> tuple[list[str], dict]:
     notes: list[str] = []
     extras: dict = {}
     if "prune" in features:
-        from executor.features.prune import prune_model
+        from memplan.executor.features.prune import prune_model
 
         note, metrics = prune_model(stages)  # 25% of the heads (floor) and of the FFN channels
         notes.append(note)
         extras["prune"] = metrics
     if "qat" in features:
-        from executor.features.qat import apply_qat
+        from memplan.executor.features.qat import apply_qat
 
         notes.append(apply_qat(stages))
     return notes, extras

@@ -15,13 +15,13 @@
 
 Every block loses the same number of heads and channels, so the pruned model is again a member of
 its family: the model's `memplan_config` (stages[0]) is updated (n_head, head_dim, ffn_hidden) and
-`profiler.analytic.gpt_analytic_profile` of it equals the pruned model's measured profile.
+`memplan.profiler.analytic.gpt_analytic_profile` of it equals the pruned model's measured profile.
 
 NOTE [ After pruning ]
 The saved bytes, parameters and FLOPs changed but the stages' output sizes did not (a block still
 maps (B, T, C) to (B, T, C)); the profile fingerprint includes each stage's parameter bytes, so
 `run_plan` refuses a plan of the unpruned model against the pruned model's profile: re-profile and
-re-plan after pruning (`executor.pipeline.run_builtin` does). The parameters
+re-plan after pruning (`memplan.executor.pipeline.run_builtin` does). The parameters
 are new `nn.Parameter` objects: an optimizer built before pruning holds the old tensors and would
 step nothing the model uses, so build the optimizer after pruning (`run_plan` builds its own from
 the stages' current parameters at every call).

@@ -14,8 +14,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from executor.report import ExecutorError
+from memplan.executor.report import ExecutorError
 
 __all__ = ["Stored", "store", "load", "torch_dtype", "supported"]
 

@@ -23,9 +23,9 @@ def frontier_cmd(
     server: ServerOption = None,
 ) -> None:
     """The Pareto set of (peak, time) from the store-all peak down to the least feasible budget."""
-    import planner
-    from planner.frontier import plot_frontier
-    from profiler.schema import load_profile
+    from memplan import planner
+    from memplan.planner.frontier import plot_frontier
+    from memplan.profiler.schema import load_profile
 
     prof = load_profile(read_json(profile, what="profile"))
     if points is not None and points < 2:
@@ -33,7 +33,7 @@ def frontier_cmd(
     if plot is not None and plot.suffix.lower() != ".png":
         raise ValueError(f"--plot: {str(plot)!r} should end in .png")
     if server:
-        from planner.frontier import Frontier
+        from memplan.planner.frontier import Frontier
 
         client = remote(server)
         options = {"points": points} if points is not None else {}

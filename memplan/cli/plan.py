@@ -12,7 +12,7 @@ from memplan.cli._remote import ServerOption, remote
 
 
 def _load_profile(path: Path):
-    from profiler.schema import load_profile
+    from memplan.profiler.schema import load_profile
 
     return load_profile(read_json(path, what="profile"))
 
@@ -26,7 +26,7 @@ _OPTION = {
 
 
 def _sizes(budget: str | None, memory: str | None) -> dict:
-    """planner.plan's budget_bytes or memory_bytes from --budget or --memory (one at most)."""
+    """memplan.planner.plan's budget_bytes or memory_bytes from --budget or --memory (one at most)."""
     from memplan.units import parse_bytes
 
     if budget is not None and memory is not None:
@@ -75,8 +75,7 @@ def plan_cmd(
     server: ServerOption = None,
 ) -> None:
     """Plan checkpoints for PROFILE within a memory budget."""
-    import planner
-
+    from memplan import planner
     prof = _load_profile(profile)
     if precision is not None:
         _check_precision(prof, precision)
@@ -108,7 +107,7 @@ def plan_cmd(
 
 
 def _check_precision(prof, precision: str) -> None:
-    from planner.precision import get_policy
+    from memplan.planner.precision import get_policy
 
     policy = get_policy(precision)
     if policy.compute_dtype != prof.dtype:
@@ -127,7 +126,7 @@ def simulate_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="print the replay as JSON")] = False,
 ) -> None:
     """Replay SCHEDULE over PROFILE: validity, time, peak and the memory timeline."""
-    from planner.simulate import simulate
+    from memplan.planner.simulate import simulate
 
     prof = _load_profile(profile)
     raw = read_json(schedule, what="schedule")

@@ -60,7 +60,7 @@ def profile_cmd(
     """Profile a built-in model: per-stage times, bytes and FLOPs (see docs/profiler.md)."""
     fields: dict = {"dtype": dtype}
     if model == "gpt":
-        from profiler.models.gpt import GPT2_SIZES
+        from memplan.profiler.models.gpt import GPT2_SIZES
 
         if preset is not None:
             if preset not in GPT2_SIZES:
@@ -92,18 +92,18 @@ def profile_cmd(
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"--device: choose cpu or cuda, not {device!r}")
 
-    from profiler.models import model_config
+    from memplan.profiler.models import model_config
 
     cfg = model_config(model, **fields)
     if server:
-        from profiler.schema import Profile
+        from memplan.profiler.schema import Profile
 
         job = remote(server).profile({"model": model, "config": fields, "analytic": analytic,
                                       "repeats": repeats, "warmup": warmup, "timing": timing,
                                       "device": device})
         prof = Profile.model_validate(finished_result(job))
     elif analytic:
-        from profiler.analytic import conv_analytic_profile, gpt_analytic_profile
+        from memplan.profiler.analytic import conv_analytic_profile, gpt_analytic_profile
 
         fn = gpt_analytic_profile if model == "gpt" else conv_analytic_profile
         prof = fn(cfg, device=device, flops_per_s=flops_per_s, optimizer=optimizer, name=name)
@@ -122,8 +122,8 @@ def _measure(model, cfg, *, device, repeats, warmup, timing, optimizer, autocast
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from profiler.measure import profile_chain
-    from profiler.models import FAMILIES
+    from memplan.profiler.measure import profile_chain
+    from memplan.profiler.models import FAMILIES
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device: CUDA is not available on this machine; use --device cpu")

@@ -31,7 +31,7 @@ def run_cmd(
     server: ServerOption = None,
 ) -> None:
     """Profile, plan, run and compare a built-in model: predicted against measured."""
-    from executor.pipeline import RunSpec, run_builtin
+    from memplan.executor.pipeline import RunSpec, run_builtin
     from memplan.units import parse_bytes
 
     spec = RunSpec(model=model, n_layer=n_layer, n_embd=d_model, n_head=n_head, block_size=seq,
@@ -40,7 +40,7 @@ def run_cmd(
                    strategy=strategy, features=[f for f in features.split(",") if f.strip()],
                    steps=steps, autocast_dtype=autocast, device=device)
     if server:
-        from executor.report import RunReport
+        from memplan.executor.report import RunReport
 
         body = {"model": model, "budget_bytes": spec.budget_bytes, "strategy": strategy,
                 "features": list(spec.features), "steps": steps, "autocast_dtype": autocast,

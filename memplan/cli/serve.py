@@ -43,10 +43,10 @@ def serve_cmd(
     _env(host=host, port=port, data_dir=data_dir, start_worker=None if worker else "false")
     import uvicorn
 
-    from service.settings import Settings
+    from memplan.service.settings import Settings
 
     settings = Settings()
-    uvicorn.run("service.app:app", host=settings.host, port=settings.port, log_level=log_level)
+    uvicorn.run("memplan.service.app:app", host=settings.host, port=settings.port, log_level=log_level)
 
 
 @app.command("worker")
@@ -56,7 +56,7 @@ def worker_cmd(
 ) -> None:
     """Run a job worker alone (beside `memplan serve --no-worker`, or as a hot standby)."""
     _env(data_dir=data_dir)
-    from service.jobs.worker import main
+    from memplan.service.jobs.worker import main
 
     raise typer.Exit(main([]))
 

@@ -142,7 +142,7 @@ def size_cmd(
 ) -> None:
     """Size a model by a scaling law: compute -> (N, D, loss), N -> (D, C), loss -> cheapest (N, D);
     inference-aware, data-constrained or memory-aware with the options."""
-    from planner import scaling
+    from memplan.planner import scaling
 
     C = parse_count(compute, field="--compute")
     N = parse_count(params, field="--params")
@@ -182,7 +182,11 @@ def size_cmd(
 @app.command("fit")
 @user_errors
 def fit_cmd(
-    runs: Annotated[Path, typer.Argument(help="runs: CSV or JSON with params, tokens (or flops), loss")],
+    runs: Annotated[Path | None, typer.Argument(
+        help="runs: CSV or JSON with params, tokens (or flops), loss")] = None,
+    dataset: Annotated[str | None, typer.Option(
+        help="fit a data set shipped with memplan instead of RUNS: 'epoch' (Epoch AI's extraction "
+             "of the Chinchilla runs, less its 5 outliers)")] = None,
     bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for the intervals (0: none)")] = 0,
     seed: Annotated[int, typer.Option(help="seed of the bootstrap")] = 0,
     confidence: Annotated[float, typer.Option(help="interval coverage")] = 0.95,
@@ -203,10 +207,17 @@ def fit_cmd(
     server: ServerOption = None,
 ) -> None:
     """Fit L = E + A/N^alpha + B/D^beta to RUNS (Huber on log loss, global search, bootstrap)."""
-    from planner.scaling import fit_law, load_runs
+    from memplan.planner.scaling import fit_law, load_runs
 
-    data = load_runs(runs, columns={"params": params_column, "tokens": tokens_column,
-                                    "flops": flops_column, "loss": loss_column})
+    if (runs is None) == (dataset is None):
+        raise ValueError("RUNS: give a file of runs or --dataset NAME (one of the two)")
+    if dataset is not None:
+        from memplan.data import load_dataset
+
+        data = load_dataset(dataset)
+    else:
+        data = load_runs(runs, columns={"params": params_column, "tokens": tokens_column,
+                                        "flops": flops_column, "loss": loss_column})
     if drop_highest_loss < 0:
         raise ValueError("--drop-highest-loss: must be at least 0")
     data = data.drop_highest_loss(drop_highest_loss)
@@ -221,7 +232,7 @@ def fit_cmd(
             "flops": flops, "method": method, "alpha_equals_beta": alpha_equals_beta,
             "fixed_E": fixed_e,
         })
-        from planner.scaling import FitResult
+        from memplan.planner.scaling import FitResult
 
         result = FitResult.model_validate(fitted)
         if json_out:
@@ -235,7 +246,7 @@ def fit_cmd(
                          bootstrap=bootstrap, seed=seed, confidence=confidence, flops=flops,
                          progress=update)
     if plot is not None:
-        from planner.scaling.plot import plot_fit
+        from memplan.planner.scaling.plot import plot_fit
 
         plot_fit(data, result, plot)
     if json_out:

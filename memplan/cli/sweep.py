@@ -30,8 +30,8 @@ def sweep_cmd(
     --ray or --server fans them out."""
     from pydantic import ValidationError
 
-    from executor.sweep import SweepReport, SweepSpec, plot_sweep, run_sweep
-    from profiler.schema import format_validation_error
+    from memplan.executor.sweep import SweepReport, SweepSpec, plot_sweep, run_sweep
+    from memplan.profiler.schema import format_validation_error
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise ValueError(f"--plot: {str(plot)!r} should end in .png")

@@ -9,28 +9,28 @@ that knows the memory plan. numpy and scipy only (scipy loaded on first use); no
 Laws and their sources: planner/scaling/laws.py; the fit: planner/scaling/fit.py; docs/sizing.md.
 """
 
-from planner.scaling.data_constrained import (
+from memplan.planner.scaling.data_constrained import (
     R_D_STAR,
     R_N_STAR,
     DataConstrainedSizing,
     data_constrained_loss,
     data_constrained_optimal,
 )
-from planner.scaling.errors import ScalingError
-from planner.scaling.fit import FitPrediction, FitResult, fit_law
-from planner.scaling.inference import InferenceSizing, inference_aware
-from planner.scaling.laws import DEFAULT_LAW, LAWS, Law, get_law, parametric_law
-from planner.scaling.memory_aware import MemorySizing, memory_aware_size
-from planner.scaling.queries import (
+from memplan.planner.scaling.errors import ScalingError
+from memplan.planner.scaling.fit import FitPrediction, FitResult, fit_law
+from memplan.planner.scaling.inference import InferenceSizing, inference_aware
+from memplan.planner.scaling.laws import DEFAULT_LAW, LAWS, Law, get_law, parametric_law
+from memplan.planner.scaling.memory_aware import MemorySizing, memory_aware_size
+from memplan.planner.scaling.queries import (
     Sizing,
     cheapest_for_loss,
     compute_optimal,
     optimal_for_params,
     optimal_loss,
 )
-from planner.scaling.runs import Runs, load_runs
-from planner.scaling.shapes import GPTShape, gpt_shape, shape_for_layers
-from planner.scaling.size import size
+from memplan.planner.scaling.runs import Runs, load_runs
+from memplan.planner.scaling.shapes import GPTShape, gpt_shape, shape_for_layers
+from memplan.planner.scaling.size import size
 
 __all__ = [
     "size",

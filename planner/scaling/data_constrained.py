@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from memplan.planner.scaling.errors import ScalingError, check_positive
+from memplan.planner.scaling.laws import FLOPS_PER_PARAM_TOKEN, Law, get_law
+from memplan.planner.scaling.queries import Sizing, compute_optimal
 from pydantic import Field
-
-from planner.scaling.errors import ScalingError, check_positive
-from planner.scaling.laws import FLOPS_PER_PARAM_TOKEN, Law, get_law
-from planner.scaling.queries import Sizing, compute_optimal
 
 __all__ = [
     "R_D_STAR",

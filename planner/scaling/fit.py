@@ -37,11 +37,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from memplan.planner.scaling.errors import ScalingError, check_fraction, check_positive
+from memplan.planner.scaling.laws import FLOPS_PER_PARAM_TOKEN, Law, parametric_law
+from memplan.planner.scaling.runs import Runs, load_runs
 from pydantic import BaseModel, ConfigDict, Field
-
-from planner.scaling.errors import ScalingError, check_fraction, check_positive
-from planner.scaling.laws import FLOPS_PER_PARAM_TOKEN, Law, parametric_law
-from planner.scaling.runs import Runs, load_runs
 
 __all__ = ["FitResult", "FitPrediction", "fit_law", "HUBER_DELTA", "EXTRAPOLATION_LIMIT"]
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from memplan.planner.scaling.errors import ScalingError, check_positive
+from memplan.planner.scaling.laws import FLOPS_PER_PARAM_TOKEN, Law, get_law
+from memplan.planner.scaling.queries import Sizing, cheapest_for_loss, compute_optimal, sizing
 from pydantic import Field
-
-from planner.scaling.errors import ScalingError, check_positive
-from planner.scaling.laws import FLOPS_PER_PARAM_TOKEN, Law, get_law
-from planner.scaling.queries import Sizing, cheapest_for_loss, compute_optimal, sizing
 
 __all__ = ["InferenceSizing", "inference_aware"]
 

@@ -27,9 +27,8 @@ import math
 from typing import Literal
 
 import numpy as np
+from memplan.planner.scaling.errors import ScalingError, check_positive
 from pydantic import BaseModel, ConfigDict, Field
-
-from planner.scaling.errors import ScalingError, check_positive
 
 __all__ = [
     "Law",

@@ -2,15 +2,15 @@
 with the checkpoint plan that makes it fit, its recompute overhead and the training time.
 
 For each candidate depth the shape comes from the aspect-ratio rule (`shapes.py`), the per-stage
-bytes and times from an analytic profile of that GPT (`profiler.analytic`, from shapes alone,
-imported on call), and the plan from `planner.plan(profile, budget_bytes=..., strategy=...)`
+bytes and times from an analytic profile of that GPT (`memplan.profiler.analytic`, from shapes alone,
+imported on call), and the plan from `memplan.planner.plan(profile, budget_bytes=..., strategy=...)`
 (default "optimal"). A depth fits when the plan is feasible within the device memory left after
 the fixed bytes. Memory grows with depth, so a bisection over n_layer finds the largest that fits;
 the same search with "store-all" shows what fits without checkpointing.
 
 NOTE [ what a device holds ]
-Training state (weights, gradients, optimizer state) comes from `planner.precision` (the policy,
-default "bf16-mixed": 16 bytes per parameter with AdamW) and `planner.sharding` (ZeRO stage,
+Training state (weights, gradients, optimizer state) comes from `memplan.planner.precision` (the policy,
+default "bf16-mixed": 16 bytes per parameter with AdamW) and `memplan.planner.sharding` (ZeRO stage,
 default 3 = FSDP full sharding: each of the n devices holds 1/n of it, plus the gathered weights of
 the largest unit, one block or the embedding; stage 0 is plain data parallel). Each device runs
 `micro_batch` sequences through the whole model (no tensor or pipeline parallelism), so the
@@ -30,12 +30,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from memplan.planner.scaling.errors import ScalingError, check_fraction, check_positive
+from memplan.planner.scaling.laws import FLOPS_PER_PARAM_TOKEN, Law, get_law
+from memplan.planner.scaling.queries import Sizing, sizing
+from memplan.planner.scaling.shapes import MAX_LAYERS, GPTShape, shape_for_layers
 from pydantic import Field
-
-from planner.scaling.errors import ScalingError, check_fraction, check_positive
-from planner.scaling.laws import FLOPS_PER_PARAM_TOKEN, Law, get_law
-from planner.scaling.queries import Sizing, sizing
-from planner.scaling.shapes import MAX_LAYERS, GPTShape, shape_for_layers
 
 __all__ = ["MemorySizing", "memory_aware_size", "DEVICE_PEAK_FLOPS", "analytic_gpt_profile"]
 
@@ -65,7 +64,7 @@ class MemorySizing(Sizing):
     seq_len: int
     micro_batch: int
     dtype: str
-    precision: str = Field(description="planner.precision policy of the training state")
+    precision: str = Field(description="memplan.planner.precision policy of the training state")
     zero_stage: int = Field(description="ZeRO stage sharding that state over the devices")
     fixed_bytes_per_device: int = Field(description="training state held per device")
     activation_budget_bytes: int = Field(description="device memory minus the fixed bytes")
@@ -87,11 +86,11 @@ class MemorySizing(Sizing):
 
 
 def analytic_gpt_profile(shape: GPTShape, micro_batch: int, dtype: str):
-    """The analytic profile (`profiler.analytic.gpt_analytic_profile`, shapes alone, GPU byte
+    """The analytic profile (`memplan.profiler.analytic.gpt_analytic_profile`, shapes alone, GPU byte
     accounting) of nanoGPT with `shape`: flash attention, no dropout, biases, tied embedding, and
     activations in `dtype`. Imported here, on call, so that the rest of sizing stays light."""
     try:
-        from profiler.analytic import gpt_analytic_profile
+        from memplan.profiler.analytic import gpt_analytic_profile
     except ImportError as err:
         raise ScalingError(
             "memory-aware sizing needs profiler.analytic (the analytic GPT profile), which cannot "
@@ -104,8 +103,7 @@ def analytic_gpt_profile(shape: GPTShape, micro_batch: int, dtype: str):
 
 
 def _strategy(requested: str, notes: list[str]) -> str:
-    import planner
-
+    from memplan import planner
     if requested in planner.STRATEGIES:
         return requested
     if requested == "optimal":
@@ -142,16 +140,15 @@ def memory_aware_size(
 
     Raises `ScalingError` on bad input, or when not even one layer fits.
     """
-    import planner
-
+    from memplan import planner
     mem = int(check_positive("device_memory_bytes", device_memory_bytes))
     for name, v in (("n_devices", n_devices), ("seq_len", seq_len), ("micro_batch", micro_batch),
                     ("aspect_ratio", aspect_ratio), ("head_dim", head_dim),
                     ("vocab_size", vocab_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ScalingError(f"{name}: must be a whole number >= 1, got {v!r}")
-    from planner.precision import get_policy
-    from planner.sharding import sharded_fixed_bytes
+    from memplan.planner.precision import get_policy
+    from memplan.planner.sharding import sharded_fixed_bytes
 
     policy = get_policy(precision)
     util = check_fraction("utilization", utilization)

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
-from planner.scaling.fit import FitResult
-from planner.scaling.laws import FLOPS_PER_PARAM_TOKEN
-from planner.scaling.runs import Runs
+from memplan.planner.scaling.fit import FitResult
+from memplan.planner.scaling.laws import FLOPS_PER_PARAM_TOKEN
+from memplan.planner.scaling.runs import Runs
 
 __all__ = ["plot_fit"]
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+from memplan.planner.scaling.errors import ScalingError, check_positive
+from memplan.planner.scaling.laws import FLOPS_PER_PARAM_TOKEN, Law, get_law
 from pydantic import BaseModel, ConfigDict, Field
-
-from planner.scaling.errors import ScalingError, check_positive
-from planner.scaling.laws import FLOPS_PER_PARAM_TOKEN, Law, get_law
 
 __all__ = [
     "Sizing",

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from planner.scaling.errors import ScalingError
-from planner.scaling.laws import FLOPS_PER_PARAM_TOKEN
+from memplan.planner.scaling.errors import ScalingError
+from memplan.planner.scaling.laws import FLOPS_PER_PARAM_TOKEN
 
 __all__ = ["Runs", "load_runs"]
 

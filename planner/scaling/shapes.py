@@ -14,9 +14,8 @@ nanoGPT's model.py builds them, embeddings included (Hoffmann et al. count all p
 
 from __future__ import annotations
 
+from memplan.planner.scaling.errors import ScalingError, check_positive
 from pydantic import BaseModel, ConfigDict, Field
-
-from planner.scaling.errors import ScalingError, check_positive
 
 __all__ = ["GPTShape", "gpt_shape", "shape_for_layers", "ASPECT_RATIO", "HEAD_DIM"]
 

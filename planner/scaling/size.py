@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from memplan.planner.scaling.data_constrained import data_constrained_loss, data_constrained_optimal
+from memplan.planner.scaling.errors import ScalingError
+from memplan.planner.scaling.inference import inference_aware
+from memplan.planner.scaling.laws import Law
+from memplan.planner.scaling.queries import cheapest_for_loss, compute_optimal, optimal_for_params
 from pydantic import BaseModel
-
-from planner.scaling.data_constrained import data_constrained_loss, data_constrained_optimal
-from planner.scaling.errors import ScalingError
-from planner.scaling.inference import inference_aware
-from planner.scaling.laws import Law
-from planner.scaling.queries import cheapest_for_loss, compute_optimal, optimal_for_params
 
 __all__ = ["size"]
 
@@ -47,7 +46,7 @@ def size(
     (`Sizing`, `InferenceSizing`, `DataConstrainedSizing` or `MemorySizing`); an inconsistent set
     of options raises `ScalingError` naming the option."""
     if memory_bytes is not None:
-        from planner.scaling.memory_aware import memory_aware_size
+        from memplan.planner.scaling.memory_aware import memory_aware_size
 
         return memory_aware_size(
             memory_bytes, n_devices=devices, law=law, seq_len=seq_len, micro_batch=micro_batch,

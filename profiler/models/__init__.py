@@ -14,8 +14,8 @@ __all__ = ["FAMILIES", "build_model", "model_config"]
 
 # family -> (module, config class, builder)
 FAMILIES: dict[str, tuple[str, str, str]] = {
-    "gpt": ("profiler.models.gpt", "GPTConfig", "build_gpt"),
-    "conv": ("profiler.models.conv", "ConvConfig", "build_conv"),
+    "gpt": ("memplan.profiler.models.gpt", "GPTConfig", "build_gpt"),
+    "conv": ("memplan.profiler.models.conv", "ConvConfig", "build_conv"),
 }
 
 

@@ -51,8 +51,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from profiler.models.decisions import decide, is_replaying
+from memplan.profiler.models.decisions import decide, is_replaying
 
 __all__ = [
     "GPTConfig",
@@ -176,7 +175,7 @@ def _validate(cfg: GPTConfig) -> None:
 def moe_capacity(cfg: GPTConfig) -> int:
     """Slots per expert: ceil(capacity_factor * tokens * k / experts) (Switch Transformer, eq. 3),
     fixed by the config so that every shape in the MoE layer is static."""
-    from profiler.analytic import moe_capacity as _capacity
+    from memplan.profiler.analytic import moe_capacity as _capacity
 
     return _capacity(cfg.batch_size * cfg.block_size, cfg.moe_top_k, cfg.moe_experts, cfg.moe_capacity_factor)
 

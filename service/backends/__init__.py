@@ -1,7 +1,7 @@
 """Run backends: where the jobs the store holds are executed. The SQLite store stays the system of
 record on every backend; a backend claims queued jobs, executes them and records their outcome.
 
-- `LocalBackend` (the default): the job worker of `service.jobs`, one runner process per job on
+- `LocalBackend` (the default): the job worker of `memplan.service.jobs`, one runner process per job on
   this machine's device.
 - `RayBackend`, when the settings name a Ray cluster (`MEMPLAN_RAY_ADDRESS`): each job becomes a
   Ray task asking for one GPU when it runs on cuda (CPUs otherwise), retried by Ray when its
@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from service.settings import Settings
+from memplan.service.settings import Settings
 
 __all__ = ["RunBackend", "make_worker", "backend_name", "job_function", "job_resources"]
 
@@ -44,10 +44,10 @@ def backend_name(settings: Settings) -> str:
 def make_worker(settings: Settings, *, parent_pid: int | None = None) -> RunBackend:
     """The backend the settings ask for (Ray needs the `memplan[ray]` extra)."""
     if backend_name(settings) == "ray":
-        from service.backends.ray_backend import RayBackend
+        from memplan.service.backends.ray_backend import RayBackend
 
         return RayBackend(settings, parent_pid=parent_pid)
-    from service.backends.local import LocalBackend
+    from memplan.service.backends.local import LocalBackend
 
     return LocalBackend(settings, parent_pid=parent_pid)
 

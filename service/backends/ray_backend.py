@@ -35,9 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.backends import RunBackend, job_function, job_resources
-from service.jobs.store import Job, JobState
-from service.jobs.worker import Worker
+from memplan.service.backends import RunBackend, job_function, job_resources
+from memplan.service.jobs.store import Job, JobState
+from memplan.service.jobs.worker import Worker
 
 __all__ = ["RayBackend", "execute", "map_cells", "require_ray"]
 
@@ -77,7 +77,7 @@ def execute(path: str, request: dict[str, Any], *, job_id: str = "", device: str
             sink: Any = None) -> dict[str, Any]:
     """Run the job function at `path` on `request` here; returns {'state', 'result' | 'error'},
     mapping errors as the local runner does (input errors, missing packages, bugs)."""
-    from service.jobs._proc import import_object
+    from memplan.service.jobs._proc import import_object
 
     if sink is not None:
         # Waited for: an actor call is sent asynchronously, and one still buffered when this worker
@@ -342,7 +342,7 @@ def map_cells(
     requests: list[dict[str, Any]],
     *,
     address: str,
-    path: str = "executor.sweep:sweep_cell",
+    path: str = "memplan.executor.sweep:sweep_cell",
     max_retries: int = 2,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[tuple[str, dict | None, str | None]]:

@@ -5,6 +5,6 @@ the worker, and cancelling a job frees its device memory (its process ends).
     API process ──(insert, read)──> jobs.sqlite <──(claim, heartbeat)── worker ──spawn──> runner
 """
 
-from service.jobs.store import TERMINAL_STATES, Job, JobState, JobStore, QueueFull
+from memplan.service.jobs.store import TERMINAL_STATES, Job, JobState, JobStore, QueueFull
 
 __all__ = ["Job", "JobState", "JobStore", "QueueFull", "TERMINAL_STATES"]

@@ -1,9 +1,9 @@
 """The job functions the worker runs (each in its own runner process): `fn(request, ctx) -> model`.
 
 They only call the library, as `memplan run` and `memplan profile` do:
-- `run_job`: `executor.pipeline.run_builtin` (build a built-in model, profile, plan, run, compare);
-- `profile_job`: `profiler.models.build_model` + `profiler.measure.profile_chain`, or the analytic
-  profile (`profiler.analytic`) when `analytic` is true.
+- `run_job`: `memplan.executor.pipeline.run_builtin` (build a built-in model, profile, plan, run, compare);
+- `profile_job`: `memplan.profiler.models.build_model` + `memplan.profiler.measure.profile_chain`, or the analytic
+  profile (`memplan.profiler.analytic`) when `analytic` is true.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def resolve_device(requested: str | None, ctx_device: str | None) -> str:
 
 def run_job(request: dict[str, Any], ctx: Any) -> Any:
     """A validation run: returns the executor's `RunReport` (with the profile and plan in extras)."""
-    from executor.pipeline import RunSpec, run_builtin
+    from memplan.executor.pipeline import RunSpec, run_builtin
 
     known = {f.name for f in dataclasses.fields(RunSpec)}
     fields: dict[str, Any] = {"model": request.get("model", "gpt")}
@@ -65,19 +65,19 @@ def run_job(request: dict[str, Any], ctx: Any) -> Any:
 
 def profile_job(request: dict[str, Any], ctx: Any) -> Any:
     """A profile of a built-in model configuration: returns the `Profile`."""
-    from profiler.models import FAMILIES, model_config
+    from memplan.profiler.models import FAMILIES, model_config
 
     model = request.get("model", "gpt")
     cfg = model_config(model, **(request.get("config") or {}))
     if request.get("analytic"):
-        from profiler import analytic
+        from memplan.profiler import analytic
 
         fn = analytic.gpt_analytic_profile if model == "gpt" else analytic.conv_analytic_profile
         ctx.progress(0.5, "deriving from shapes")
         return fn(cfg, device=request.get("device") or ctx.device or "cpu")
     import importlib
 
-    from profiler.measure import profile_chain
+    from memplan.profiler.measure import profile_chain
 
     device = resolve_device(request.get("device"), ctx.device)
     module, _, builder = FAMILIES[model]

@@ -18,9 +18,9 @@ import time
 import traceback
 from typing import Any
 
-from service.jobs._proc import die_with_parent, import_object
-from service.jobs.store import JobState, JobStore
-from service.settings import Settings
+from memplan.service.jobs._proc import die_with_parent, import_object
+from memplan.service.jobs.store import JobState, JobStore
+from memplan.service.settings import Settings
 
 __all__ = ["JobContext", "JobCancelled", "run_one", "main"]
 

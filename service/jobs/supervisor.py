@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 
-from service.settings import Settings
+from memplan.service.settings import Settings
 
 __all__ = ["WorkerSupervisor"]
 
@@ -35,7 +35,7 @@ class WorkerSupervisor:
         env = dict(os.environ)
         env["MEMPLAN_STORE_PATH"] = str(self.settings.db_path)
         return subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "service.jobs.worker", "--exit-with-parent"], env=env
+            [sys.executable, "-m", "memplan.service.jobs.worker", "--exit-with-parent"], env=env
         )
 
     def _loop(self) -> None:

@@ -24,9 +24,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from service.jobs._proc import die_with_parent
-from service.jobs.store import Job, JobState, JobStore
-from service.settings import Settings
+from memplan.service.jobs._proc import die_with_parent
+from memplan.service.jobs.store import Job, JobState, JobStore
+from memplan.service.settings import Settings
 
 __all__ = ["Worker", "probe_device", "main"]
 
@@ -145,7 +145,7 @@ class Worker:
     def _run(self, job: Job) -> None:
         log.info("job %s (%s): start, attempt %d", job.id, job.kind, job.attempts)
         proc = subprocess.Popen(  # noqa: S603 - our own module, our own interpreter
-            [sys.executable, "-m", "service.jobs.runner", str(self.settings.db_path), job.id],
+            [sys.executable, "-m", "memplan.service.jobs.runner", str(self.settings.db_path), job.id],
             start_new_session=True,  # its own process group: a cancel reaches its children too
         )
         self.store.set_runner(job.id, proc.pid)
@@ -223,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid() if args.exit_with_parent else None
     if args.exit_with_parent:
         die_with_parent(signal.SIGTERM)
-    from service.backends import make_worker  # the local worker, or Ray when settings name one
+    from memplan.service.backends import (
+        make_worker,  # the local worker, or Ray when settings name one
+    )
 
     worker = make_worker(settings, parent_pid=parent)
     signal.signal(signal.SIGTERM, worker.stop)

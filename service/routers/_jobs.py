@@ -12,9 +12,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
-
-from service.jobs.store import (
+from memplan.service.jobs.store import (
     TERMINAL_STATES,
     IdempotencyConflict,
     Job,
@@ -22,8 +20,9 @@ from service.jobs.store import (
     JobStore,
     QueueFull,
 )
-from service.problems import FieldError, ProblemError
-from service.settings import Settings
+from memplan.service.problems import FieldError, ProblemError
+from memplan.service.settings import Settings
+from pydantic import BaseModel, Field
 
 __all__ = ["JobList", "submit", "get_or_404", "list_jobs", "cancel", "stream_events", "MAX_WAIT_S"]
 

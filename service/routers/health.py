@@ -9,10 +9,9 @@ from importlib import metadata
 from typing import Any
 
 from fastapi import APIRouter, Depends
+from memplan.service.deps import SettingsDep, StoreDep, require_api_key
+from memplan.service.problems import problem_response, problem_responses
 from pydantic import BaseModel, Field
-
-from service.deps import SettingsDep, StoreDep, require_api_key
-from service.problems import problem_response, problem_responses
 
 __all__ = ["router"]
 
@@ -117,8 +116,9 @@ def readyz(settings: SettingsDep, store: StoreDep) -> Any:
     responses=problem_responses(401),
 )
 def info(settings: SettingsDep, store: StoreDep) -> Info:
-    import planner
-    from service.app import STARTED_AT
+    from memplan.service.app import STARTED_AT
+
+    from memplan import planner
 
     worker = store.live_worker(stale_s=max(settings.worker_stale_s, 3600.0))
     return Info(
@@ -140,9 +140,9 @@ def info(settings: SettingsDep, store: StoreDep) -> Info:
         strategies=list(planner.STRATEGIES),
         features={
             "frontier": _has("planner", "frontier"),
-            "sizing": _has("planner.scaling.queries"),
-            "fit": _has("planner.scaling.fit"),
-            "profiles": _has("profiler.models"),
+            "sizing": _has("memplan.planner.scaling.queries"),
+            "fit": _has("memplan.planner.scaling.fit"),
+            "profiles": _has("memplan.profiler.models"),
             "runs": _has("executor", "run_plan"),
         },
         uptime_s=time.time() - STARTED_AT,

@@ -13,21 +13,21 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
-from starlette.concurrency import run_in_threadpool
-
-import planner
-from planner.checkpoint_dtype import CHOICES as CHECKPOINT_DTYPES
-from planner.schema import Plan, PlanError
-from profiler.schema import Profile, ProfileError
-from service.deps import SettingsDep, body_openapi, json_body, require_api_key
-from service.problems import (
+from memplan.planner.checkpoint_dtype import CHOICES as CHECKPOINT_DTYPES
+from memplan.planner.schema import Plan, PlanError
+from memplan.profiler.schema import Profile, ProfileError
+from memplan.service.deps import SettingsDep, body_openapi, json_body, require_api_key
+from memplan.service.problems import (
     FieldError,
     ProblemError,
     call_library,
     library_error,
     problem_responses,
 )
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from starlette.concurrency import run_in_threadpool
+
+from memplan import planner
 
 __all__ = ["router", "PlanRequest", "FrontierRequest"]
 
@@ -41,7 +41,7 @@ OptionValue = StrictBool | StrictInt | StrictFloat | StrictStr | None
 
 
 class PlanRequest(BaseModel):
-    """A profile, a budget and a strategy, as `planner.plan` takes them."""
+    """A profile, a budget and a strategy, as `memplan.planner.plan` takes them."""
 
     model_config = _STRICT
 
@@ -73,13 +73,13 @@ class PlanRequest(BaseModel):
 
 
 class FrontierRequest(BaseModel):
-    """A profile whose memory-time trade-off to trace, as `planner.frontier` takes it."""
+    """A profile whose memory-time trade-off to trace, as `memplan.planner.frontier` takes it."""
 
     model_config = _STRICT
 
     profile: Profile
     options: dict[str, OptionValue] = Field(
-        default_factory=dict, description="planner.frontier's keyword options (e.g. points)"
+        default_factory=dict, description="memplan.planner.frontier's keyword options (e.g. points)"
     )
 
 
@@ -130,7 +130,7 @@ def _check_stages(profile: Profile, max_stages: int) -> None:
     "",
     response_model=Plan,
     summary="Plan checkpoints for a profile within a memory budget",
-    description="Returns the `Plan` of `planner.plan`. An infeasible budget is a 200 with "
+    description="Returns the `Plan` of `memplan.planner.plan`. An infeasible budget is a 200 with "
     "`feasible: false` and the reason in `message`; invalid input is a 422 naming the field.",
     responses=problem_responses(401, 413, 415, 422),
     openapi_extra=body_openapi(PlanRequest),
@@ -181,7 +181,7 @@ def _is_option_error(err: Exception, body: PlanRequest) -> bool:
     summary="The memory-time frontier of a profile (JSON, or PNG with Accept: image/png)",
     responses={
         200: {
-            "description": "the frontier (`planner.frontier`'s result) or its plot",
+            "description": "the frontier (`memplan.planner.frontier`'s result) or its plot",
             "content": {
                 "application/json": {"schema": {"type": "object"}},
                 "image/png": {"schema": {"type": "string", "format": "binary"}},
@@ -201,7 +201,7 @@ def create_frontier(
     frontier_fn = getattr(planner, "frontier", None)
     if frontier_fn is None:
         raise ProblemError(
-            501, "planner.frontier is not available in this build of memplan", kind="not-implemented"
+            501, "memplan.planner.frontier is not available in this build of memplan", kind="not-implemented"
         )
     try:
         result = call_library(frontier_fn, body.profile, **body.options)
@@ -215,7 +215,7 @@ def create_frontier(
         import tempfile
         from pathlib import Path
 
-        from planner.frontier import plot_frontier
+        from memplan.planner.frontier import plot_frontier
 
         with tempfile.TemporaryDirectory() as tmp:
             path = plot_frontier(result, Path(tmp) / "frontier.png")

@@ -7,9 +7,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
-
-from service.deps import (
+from memplan.service.deps import (
     IdempotencyKey,
     JobId,
     PreferWait,
@@ -19,11 +17,12 @@ from service.deps import (
     json_body,
     require_api_key,
 )
-from service.jobs.store import Job, JobState
-from service.problems import problem_responses
-from service.routers import _jobs
-from service.routers._jobs import JobList
-from service.routers.plans import OptionValue
+from memplan.service.jobs.store import Job, JobState
+from memplan.service.problems import problem_responses
+from memplan.service.routers import _jobs
+from memplan.service.routers._jobs import JobList
+from memplan.service.routers.plans import OptionValue
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["router", "ProfileRequest"]
 

@@ -1,7 +1,7 @@
 """`GET /v1/sizing` (compute-optimal sizing by a scaling law) and `POST /v1/sizing/fit` (fit a law
-to a user's runs): `planner.scaling`, the same calls as `memplan size` and `memplan fit`.
+to a user's runs): `memplan.planner.scaling`, the same calls as `memplan size` and `memplan fit`.
 
-The query parameters are `planner.scaling.size`'s options, which choose the question (see its
+The query parameters are `memplan.planner.scaling.size`'s options, which choose the question (see its
 docstring); `memplan size` calls the same function.
 """
 
@@ -11,15 +11,14 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
-
-from service.deps import body_openapi, json_body, require_api_key
-from service.problems import (
+from memplan.service.deps import body_openapi, json_body, require_api_key
+from memplan.service.problems import (
     FieldError,
     ProblemError,
     call_library,
     problem_responses,
 )
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["router", "FitRequest"]
 
@@ -59,7 +58,7 @@ def get_sizing(
     law: Annotated[LawName | None, Query(description="null: the library's default")] = None,
 ) -> Response:
     query = dict(locals())
-    from planner.scaling import size
+    from memplan.planner.scaling import size
 
     result = call_library(size, prefix="query", **query)
     return Response(result.model_dump_json(), media_type="application/json")
@@ -103,7 +102,7 @@ class FitRequest(BaseModel):
     openapi_extra=body_openapi(FitRequest),
 )
 def post_fit(body: Annotated[FitRequest, Depends(json_body(FitRequest))]) -> Response:
-    from planner import scaling
+    from memplan.planner import scaling
 
     rows = []
     for r in body.runs:

@@ -1,6 +1,6 @@
 """`/v1/sweeps`: a grid of model configurations x budgets x strategies x precision policies, one
 job per cell (kind 'sweep-cell', run by whichever backend serves the store: the local worker or a
-Ray cluster), gathered into one report (`executor.sweep.gather`) and a plot.
+Ray cluster), gathered into one report (`memplan.executor.sweep.gather`) and a plot.
 
 The sweep itself is a row of the `sweeps` table beside the jobs in the same SQLite store (the
 system of record): its request and its cells' job ids. Its state is derived from its cells'.
@@ -18,12 +18,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse, Response
+from memplan.executor.sweep import SweepReport, SweepSpec
+from memplan.service.deps import SettingsDep, StoreDep, body_openapi, json_body, require_api_key
+from memplan.service.jobs.store import TERMINAL_STATES, JobState, JobStore
+from memplan.service.problems import ProblemError, call_library, problem_responses
 from pydantic import BaseModel, Field
-
-from executor.sweep import SweepReport, SweepSpec
-from service.deps import SettingsDep, StoreDep, body_openapi, json_body, require_api_key
-from service.jobs.store import TERMINAL_STATES, JobState, JobStore
-from service.problems import ProblemError, call_library, problem_responses
 
 __all__ = ["router", "Sweep"]
 
@@ -78,7 +77,7 @@ def _load(store: JobStore, sweep_id: str) -> sqlite3.Row:
 
 
 def _view(store: JobStore, row: sqlite3.Row) -> Sweep:
-    from executor.sweep import gather
+    from memplan.executor.sweep import gather
 
     ids = json.loads(row["jobs"])
     reqs = json.loads(row["cells"])
@@ -125,7 +124,7 @@ def create_sweep(
     store: StoreDep,
     settings: SettingsDep,
 ) -> JSONResponse:
-    from executor.sweep import cells
+    from memplan.executor.sweep import cells
 
     reqs = call_library(cells, body)
     room = settings.max_queue_depth - store.depth()
@@ -161,7 +160,7 @@ def get_sweep(sweep_id: SweepId, store: StoreDep) -> Sweep:
                **problem_responses(401, 404, 409, 422)},
 )
 def sweep_plot(sweep_id: SweepId, store: StoreDep) -> Response:
-    from executor.sweep import plot_sweep
+    from memplan.executor.sweep import plot_sweep
 
     view = _view(store, _load(store, sweep_id))
     if view.report is None:

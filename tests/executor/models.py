@@ -1,6 +1,6 @@
 """Tiny chains for executor tests, and a measured profile of them.
 
-`measured_profile` measures a chain by ../shared/docs/chain-model.md's rules (saved-tensor hooks,
+`measured_profile` measures a chain by docs/chain-model.md's rules (saved-tensor hooks,
 exact CPU allocation accounting); it stands in until profiler.profile_chain lands, and is replaced
 by it when that exists.
 """
@@ -10,9 +10,8 @@ from __future__ import annotations
 import time
 
 import torch
+from memplan.profiler.schema import Profile
 from torch import nn
-
-from profiler.schema import Profile
 
 
 class Block(nn.Module):
@@ -73,7 +72,7 @@ def mlp_chain(n_blocks: int = 6, *, width: int = 64, batch: int = 32, dropout: f
 
 
 def _bytes(value) -> int:
-    from executor.runner import value_bytes
+    from memplan.executor.runner import value_bytes
 
     return value_bytes(value)
 
@@ -81,7 +80,7 @@ def _bytes(value) -> int:
 def measured_profile(stages, x, *, name: str = "mlp", repeats: int = 3) -> Profile:
     """A chain-model profile of `stages` on the CPU: exact bytes, median times."""
     try:
-        from profiler import profile_chain  # the real one, once it exists
+        from memplan.profiler import profile_chain  # the real one, once it exists
     except ImportError:
         profile_chain = None
     if profile_chain is not None:
@@ -90,7 +89,7 @@ def measured_profile(stages, x, *, name: str = "mlp", repeats: int = 3) -> Profi
 
 
 def _fallback_profile(stages, x, *, name, repeats):
-    from profiler.memory import measure_memory
+    from memplan.profiler.memory import measure_memory
 
     rng = torch.get_rng_state()
     state = [{k: v.clone() for k, v in s.state_dict().items()} for s in stages]
@@ -155,8 +154,7 @@ def _fallback_profile(stages, x, *, name, repeats):
 def every_strategy(prof: Profile, fraction: float):
     """(strategy, plan) for every planner strategy at `fraction` of the store-all peak; with no
     budget where a strategy cannot meet it (sqrt and uniform ignore budgets)."""
-    import planner
-
+    from memplan import planner
     store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
     for strategy in sorted(planner.STRATEGIES):
         plan = planner.plan(prof, strategy=strategy, budget_bytes=int(store * fraction))

@@ -10,9 +10,8 @@ its input and its one parameter, so gradients can be compared with the unplanned
 from __future__ import annotations
 
 import torch
+from memplan.profiler.schema import Profile
 from torch import nn
-
-from profiler.schema import Profile
 
 F32 = 4
 

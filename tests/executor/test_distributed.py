@@ -4,10 +4,10 @@ model-state bytes and total against the prediction; gradients against one proces
 from __future__ import annotations
 
 import pytest
+from memplan.executor.distributed import DistributedSpec, run_distributed
+from memplan.executor.report import ExecutorError
 
-import planner
-from executor.distributed import DistributedSpec, run_distributed
-from executor.report import ExecutorError
+from memplan import planner
 
 
 def test_zero1_plan_on_two_gloo_ranks():

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import planner
+from memplan import planner
 
-gpt = pytest.importorskip("profiler.models.gpt")
-measure = pytest.importorskip("profiler.measure")
+gpt = pytest.importorskip("memplan.profiler.models.gpt")
+measure = pytest.importorskip("memplan.profiler.measure")
 
-from executor import run_plan  # noqa: E402
-from executor.compare import TOLERANCE  # noqa: E402
+from memplan.executor import run_plan  # noqa: E402
+from memplan.executor.compare import TOLERANCE  # noqa: E402
+
 from tests.conftest import one_off_bytes  # noqa: E402
 from tests.executor.models import every_strategy  # noqa: E402
 
@@ -53,7 +54,7 @@ def _check_gpt(feature):
 
 
 def test_conv_chain_batchnorm_every_strategy():
-    conv = pytest.importorskip("profiler.models.conv")
+    conv = pytest.importorskip("memplan.profiler.models.conv")
     stages, x = conv.build_conv(conv.ConvConfig(channels=(4, 8), blocks=(1, 1), image_size=8,
                                                 batch_size=4))
     prof = measure.profile_chain(stages, x, repeats=1, warmup=0)
@@ -89,10 +90,10 @@ def test_every_op_of_a_gpt_plan_is_replayed_to_the_byte():
     # included, whose no-grad working set the profile measures (NOTE [ no-grad forward bytes ])
     import contextlib
 
-    from executor.compare import params_of
-    from executor.runner import ScheduleRunner
-    from planner.simulate import simulate
-    from profiler.memory import measure_memory
+    from memplan.executor.compare import params_of
+    from memplan.executor.runner import ScheduleRunner
+    from memplan.planner.simulate import simulate
+    from memplan.profiler.memory import measure_memory
 
     stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY, dropout=0.1, attention="math"))
     prof = measure.profile_chain(stages, idx, repeats=1, warmup=0)

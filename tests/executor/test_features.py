@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-import planner
+from memplan import planner
 
-gpt = pytest.importorskip("profiler.models.gpt")
-measure = pytest.importorskip("profiler.measure")
+gpt = pytest.importorskip("memplan.profiler.models.gpt")
+measure = pytest.importorskip("memplan.profiler.measure")
 
-from executor import run_plan  # noqa: E402
-from executor.features import apply_features  # noqa: E402
+from memplan.executor import run_plan  # noqa: E402
+from memplan.executor.features import apply_features  # noqa: E402
 
 TINY = dict(n_layer=2, n_embd=32, n_head=2, block_size=8, vocab_size=32, batch_size=2, dropout=0.1,
             attention="math")
@@ -28,7 +28,7 @@ def _run(stages, idx):
 def test_qat_gradients_and_observers_equal_the_unplanned_run(backend):
     if backend == "torchao":
         pytest.importorskip("torchao")
-    from executor.features.qat import apply_qat
+    from memplan.executor.features.qat import apply_qat
 
     stages, idx = gpt.build_gpt(gpt.GPTConfig(**{**TINY, "block_size": 16, "batch_size": 4}))
     note = apply_qat(stages, backend=backend)

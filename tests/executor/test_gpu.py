@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from memplan.executor import run_plan
+from memplan.executor.guards import GUARDS
+from memplan.profiler.measure import profile_chain
+from memplan.profiler.models.gpt import GPTConfig, build_gpt
 
-import planner
-from executor import run_plan
-from executor.guards import GUARDS
-from profiler.measure import profile_chain
-from profiler.models.gpt import GPTConfig, build_gpt
+from memplan import planner
 from tests.executor.models import every_strategy, mlp_chain
 from tests.executor.test_runner import _plan_from_ops
 

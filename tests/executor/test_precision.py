@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import planner
-from executor import run_plan
-from executor.precision_run import (
+from memplan.executor import run_plan
+from memplan.executor.precision_run import (
     grad_error,
     measure_sensitivity,
     plan_grads,
@@ -18,10 +16,12 @@ from executor.precision_run import (
     train_curve,
     with_sensitivity,
 )
-from planner.checkpoint_dtype import KAPPA, STORAGE_DTYPES, apply_storage
-from planner.precision import get_policy
-from profiler.measure import profile_chain
-from profiler.models.gpt import GPTConfig, build_gpt
+from memplan.planner.checkpoint_dtype import KAPPA, STORAGE_DTYPES, apply_storage
+from memplan.planner.precision import get_policy
+from memplan.profiler.measure import profile_chain
+from memplan.profiler.models.gpt import GPTConfig, build_gpt
+
+from memplan import planner
 from tests.conftest import one_off_bytes
 
 torch.set_num_threads(1)
@@ -39,8 +39,8 @@ def _build(policy: str, **kw):
 
 
 def _every_stage_plan(L: int):
-    from planner._build import one_level_ops
-    from planner.schema import Plan
+    from memplan.planner._build import one_level_ops
+    from memplan.planner.schema import Plan
 
     ops = one_level_ops([(i, i, True) for i in range(1, L)] + [(L, L, False)], L)
     return Plan(strategy="every", feasible=True, schedule=[list(o) for o in ops], n_stages=L)

@@ -11,13 +11,14 @@ import pytest
 import torch
 
 pytest.importorskip("torch_pruning")
-gpt = pytest.importorskip("profiler.models.gpt")
-measure = pytest.importorskip("profiler.measure")
+gpt = pytest.importorskip("memplan.profiler.models.gpt")
+measure = pytest.importorskip("memplan.profiler.measure")
 
-from executor import run_plan  # noqa: E402
-from executor.features import apply_features  # noqa: E402
-from executor.features.prune import head_scores, prune_heads, prune_model  # noqa: E402
-from profiler.analytic import gpt_analytic_profile  # noqa: E402
+from memplan.executor import run_plan  # noqa: E402
+from memplan.executor.features import apply_features  # noqa: E402
+from memplan.executor.features.prune import head_scores, prune_heads, prune_model  # noqa: E402
+from memplan.profiler.analytic import gpt_analytic_profile  # noqa: E402
+
 from tests.executor.models import every_strategy  # noqa: E402
 
 torch.set_num_threads(1)  # tiny ops on a shared 2-core machine

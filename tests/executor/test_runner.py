@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from memplan.executor import ExecutorError, run_plan
+from memplan.planner.schema import Plan
+from memplan.planner.simulate import simulate
 
-import planner
-from executor import ExecutorError, run_plan
-from planner.schema import Plan
-from planner.simulate import simulate
+from memplan import planner
 from tests.executor.models import mlp_chain
 from tests.executor.synth import synth_chain, worked_chain
 
@@ -19,7 +19,7 @@ K = 1024
 def _plan_from_ops(prof, ops, strategy="hand") -> Plan:
     sim = simulate(prof, ops)
     assert sim.valid, sim.error
-    from planner._build import predicted
+    from memplan.planner._build import predicted
 
     return Plan(strategy=strategy, feasible=True, schedule=[list(o) for o in ops],
                 predicted=predicted(sim), n_stages=prof.n_stages,

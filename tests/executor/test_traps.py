@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from memplan.executor import run_plan
+from memplan.executor.guards import GUARDS
 from torch import nn
 
-import planner
-from executor import run_plan
-from executor.guards import GUARDS
+from memplan import planner
 from tests.executor.models import measured_profile, mlp_chain
 
 
@@ -108,7 +108,7 @@ class _Router(nn.Module):
         self.register_buffer("calls", torch.zeros((), dtype=torch.long))
 
     def forward(self, x):
-        from profiler.models.decisions import decide
+        from memplan.profiler.models.decisions import decide
 
         def route():
             self.calls += 1
@@ -119,7 +119,7 @@ class _Router(nn.Module):
 
 
 def test_routing_decisions_are_replayed_in_recomputes():
-    pytest.importorskip("profiler.models.decisions")
+    pytest.importorskip("memplan.profiler.models.decisions")
 
     def chain():
         stages, x = mlp_chain(3, width=32, batch=16, dropout=0.0, batchnorm=False)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from hypothesis import strategies as st
-
-from profiler.schema import Profile
+from memplan.profiler.schema import Profile
 
 WORKED = dict(
     x=(1, 3, 4, 3, 4), f=(3, 4, 4, 1), b=(6, 8, 8, 2), s=(3, 4, 1, 4), tf=(2, 2, 0, 2), tb=(1, 0, 0, 0)

@@ -16,7 +16,7 @@ import heapq
 import sys
 from functools import cache
 
-from profiler.schema import Profile
+from memplan.profiler.schema import Profile
 
 __all__ = ["memo_time", "exhaustive_frontier", "is_persistent"]
 

@@ -7,13 +7,13 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from memplan.planner._build import insert_drops, one_level_ops
+from memplan.planner.schema import PlanError
+from memplan.planner.simulate import simulate
+from memplan.planner.sqrt import sqrt_segments
+from memplan.planner.uniform import uniform_segments
 
-import planner
-from planner._build import insert_drops, one_level_ops
-from planner.schema import PlanError
-from planner.simulate import simulate
-from planner.sqrt import sqrt_segments
-from planner.uniform import uniform_segments
+from memplan import planner
 from tests.planner.chains import chain, random_chains, worked_example
 
 BASELINES = ("store-all", "uniform", "sqrt", "heuristic")

@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import planner
-from planner.checkpoint_dtype import (
+from memplan.planner.checkpoint_dtype import (
     KAPPA,
     STORAGE_DTYPES,
     apply_storage,
@@ -19,9 +17,11 @@ from planner.checkpoint_dtype import (
     storage_error,
     storage_sizes,
 )
-from planner.schema import Plan, PlanError
-from planner.simulate import simulate
-from profiler.schema import Profile
+from memplan.planner.schema import Plan, PlanError
+from memplan.planner.simulate import simulate
+from memplan.profiler.schema import Profile
+
+from memplan import planner
 
 from .chains import chain, random_chains
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from memplan.planner.frontier import plot_frontier
+from memplan.planner.schema import PlanError
+from memplan.profiler.schema import load_profile
 from typer.testing import CliRunner
 
-import planner
+from memplan import planner
 from memplan.cli import app
-from planner.frontier import plot_frontier
-from planner.schema import PlanError
-from profiler.schema import load_profile
 from tests.planner.chains import random_chains, worked_example
 from tests.planner.oracle import exhaustive_frontier
 

@@ -8,13 +8,13 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memplan.planner._build import insert_drops
+from memplan.planner._optimal_dp import costs_of, least_peak, schedule_ops, solve
+from memplan.planner.optimal import plan_optimal
+from memplan.planner.schema import PlanError
+from memplan.planner.simulate import simulate, store_all_time
 
-import planner
-from planner._build import insert_drops
-from planner._optimal_dp import costs_of, least_peak, schedule_ops, solve
-from planner.optimal import plan_optimal
-from planner.schema import PlanError
-from planner.simulate import simulate, store_all_time
+from memplan import planner
 from tests.planner.chains import chain, random_chains, worked_example
 from tests.planner.oracle import exhaustive_frontier, is_persistent, memo_time
 

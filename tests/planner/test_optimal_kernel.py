@@ -8,11 +8,11 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memplan.planner._build import insert_drops
+from memplan.planner._optimal_dp import costs_of, late_useful, least_peak, schedule_ops, solve
+from memplan.planner._optimal_kernel import available, least_peak_compiled, solve_compiled
+from memplan.planner.simulate import simulate
 
-from planner._build import insert_drops
-from planner._optimal_dp import costs_of, late_useful, least_peak, schedule_ops, solve
-from planner._optimal_kernel import available, least_peak_compiled, solve_compiled
-from planner.simulate import simulate
 from tests.planner.chains import chain, random_chains, worked_example
 
 pytestmark = pytest.mark.skipif(not available(), reason="numba is not installed")

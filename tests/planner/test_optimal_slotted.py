@@ -8,12 +8,12 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memplan.planner._optimal_dp import costs_of, least_peak, solve
+from memplan.planner._optimal_slotted import gap_of
+from memplan.planner.schema import PlanError
+from memplan.planner.simulate import simulate
 
-import planner
-from planner._optimal_dp import costs_of, least_peak, solve
-from planner._optimal_slotted import gap_of
-from planner.schema import PlanError
-from planner.simulate import simulate
+from memplan import planner
 from tests.planner.chains import chain, random_chains, worked_example
 
 

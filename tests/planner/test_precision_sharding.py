@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from planner.precision import POLICIES, fixed_bytes, get_policy
-from planner.schema import PlanError
-from planner.sharding import sharded_fixed_bytes
+from memplan.planner.precision import POLICIES, fixed_bytes, get_policy
+from memplan.planner.schema import PlanError
+from memplan.planner.sharding import sharded_fixed_bytes
 
 
 def test_bytes_per_param():

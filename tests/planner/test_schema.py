@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from memplan.planner.schema import Plan, PlanError, parse_schedule
+from memplan.profiler.schema import SCHEMA_VERSION, ProfileError, load_profile
 
-from planner.schema import Plan, PlanError, parse_schedule
-from profiler.schema import SCHEMA_VERSION, ProfileError, load_profile
 from tests.planner.chains import worked_example
 
 

@@ -1,14 +1,14 @@
 """Plans for N data-parallel GPUs: per-GPU fixed bytes at ZeRO 1-3 against the ZeRO paper's
-Table 1, and `planner.plan(..., n_gpus=, zero_stage=)` on a stated model."""
+Table 1, and `memplan.planner.plan(..., n_gpus=, zero_stage=)` on a stated model."""
 
 from __future__ import annotations
 
 import pytest
+from memplan.planner.schema import PlanError
+from memplan.planner.sharding import shard_profile, sharded_fixed_bytes
+from memplan.profiler.analytic import gpt_analytic_profile
 
-import planner
-from planner.schema import PlanError
-from planner.sharding import shard_profile, sharded_fixed_bytes
-from profiler.analytic import gpt_analytic_profile
+from memplan import planner
 
 # Rajbhandari et al. 2020, Table 1: per-device memory (GB) of model states with mixed-precision
 # Adam (K = 12) by DP degree, for P_os (stage 1), P_os+g (stage 2) and P_os+g+p (stage 3).

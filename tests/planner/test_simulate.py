@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from memplan.planner.simulate import simulate
+from memplan.profiler.schema import Profile
 
-from planner.simulate import simulate
-from profiler.schema import Profile
 from tests.planner.chains import chain, worked_example
 
 STORE_ALL = [["R", 1], ["R", 2], ["R", 3], ["R", 4], ["loss"], ["drop", 4], ["B", 4], ["drop", 3],

@@ -14,7 +14,7 @@ TINY_GPT = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64, ba
 
 @pytest.fixture
 def tiny_gpt():
-    from profiler.models.gpt import GPTConfig
+    from memplan.profiler.models.gpt import GPTConfig
 
     def make(**kw):
         return GPTConfig(**{**TINY_GPT, **kw})
@@ -25,7 +25,7 @@ def tiny_gpt():
 def step_peak_bytes(stages, x0) -> int:
     """Peak bytes of one plain training step (forward, loss, backward) above the level before it,
     with parameter gradients allocated beforehand, plus the input (the chain model counts a_0)."""
-    from profiler.memory import measure_memory
+    from memplan.profiler.memory import measure_memory
 
     params = {id(p): p for s in stages for p in s.parameters()}.values()
     for p in params:

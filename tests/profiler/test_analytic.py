@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from profiler import ProfileError
-from profiler.analytic import (
+from memplan.profiler import ProfileError
+from memplan.profiler.analytic import (
     gpt_analytic_profile,
     gpt_block_saved_bytes,
     korthikanti_block_bytes,

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from memplan.planner.store_all import plan_store_all
+from memplan.profiler import ProfileError, profile_chain
+from memplan.profiler.cut import cut_blocks, cut_decoder, cut_sequential
 
-from planner.store_all import plan_store_all
-from profiler import ProfileError, profile_chain
-from profiler.cut import cut_blocks, cut_decoder, cut_sequential
 from tests.profiler.conftest import step_peak_bytes
 
 

@@ -9,12 +9,12 @@ import time
 import pytest
 import torch
 import torch.nn as nn
+from memplan.planner.store_all import plan_store_all
+from memplan.profiler import ProfileError, profile_chain
+from memplan.profiler.analytic import conv_analytic_profile, gpt_analytic_profile
+from memplan.profiler.models.conv import ConvConfig, build_conv
+from memplan.profiler.models.gpt import build_gpt
 
-from planner.store_all import plan_store_all
-from profiler import ProfileError, profile_chain
-from profiler.analytic import conv_analytic_profile, gpt_analytic_profile
-from profiler.models.conv import ConvConfig, build_conv
-from profiler.models.gpt import build_gpt
 from tests.conftest import one_off_bytes
 from tests.profiler.conftest import step_peak_bytes
 
@@ -114,7 +114,7 @@ def test_store_all_predicts_conv_step_within_1pct():
 
 
 def test_fixed_bytes_are_params_grads_and_adamw_state(tiny_gpt):
-    from profiler.memory import measure_memory
+    from memplan.profiler.memory import measure_memory
 
     stages, idx = build_gpt(tiny_gpt())
     prof = profile_chain(stages, idx, repeats=1, warmup=0)

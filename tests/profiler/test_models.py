@@ -7,9 +7,8 @@ import logging
 
 import pytest
 import torch
-
-from profiler import profile_chain
-from profiler.models.decisions import (
+from memplan.profiler import profile_chain
+from memplan.profiler.models.decisions import (
     DecisionError,
     DecisionLog,
     decide,
@@ -17,7 +16,7 @@ from profiler.models.decisions import (
     recording,
     replaying,
 )
-from profiler.models.gpt import GPTConfig, build_gpt, gpt_report
+from memplan.profiler.models.gpt import GPTConfig, build_gpt, gpt_report
 
 
 def _loss(stages, x):
@@ -92,7 +91,7 @@ def test_moe_aux_losses_reach_the_loss_and_follow_its_scale(tiny_gpt):
 
 
 def test_flash_fallback_is_reported(tiny_gpt, caplog, monkeypatch):
-    import profiler.models.gpt as gpt
+    import memplan.profiler.models.gpt as gpt
 
     monkeypatch.setattr(gpt, "_FLASH_WARNED", set())  # logged once per process and reason
     stages, idx = build_gpt(tiny_gpt(dropout=0.1, attention="flash"))

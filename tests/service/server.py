@@ -50,7 +50,7 @@ class Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log, "ab")  # noqa: SIM115 - the child writes to it
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "service.app:app", "--host", "127.0.0.1",
+            [sys.executable, "-m", "uvicorn", "memplan.service.app:app", "--host", "127.0.0.1",
              "--port", str(self.port), "--log-level", "warning"],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )

@@ -12,9 +12,9 @@ import signal
 
 import httpx
 import pytest
+from memplan.service.backends import backend_name, job_resources, make_worker
+from memplan.service.settings import Settings
 
-from service.backends import backend_name, job_resources, make_worker
-from service.settings import Settings
 from tests.conftest import one_off_bytes
 from tests.service.server import ROOT, Server, process_gone, wait_finished, wait_for
 
@@ -137,7 +137,7 @@ PEAK_JITTER_BYTES = 16 + one_off_bytes(batch_size=2, block_size=16, n_embd=32)
 
 
 def test_sweep_on_ray_equals_the_local_backend(rc):
-    from executor.sweep import run_sweep
+    from memplan.executor.sweep import run_sweep
 
     sweep = rc.post("/v1/sweeps", json=SWEEP).json()
     assert sweep["n_cells"] == 8
@@ -157,7 +157,7 @@ def test_sweep_on_ray_equals_the_local_backend(rc):
 
 
 def test_map_cells_without_a_server(ray_address):
-    from executor.sweep import run_sweep
+    from memplan.executor.sweep import run_sweep
 
     spec = {**SWEEP, "run": False, "precisions": ["fp32", "bf16"], "n_gpus": 8, "zero_stage": 3,
             "models": SWEEP["models"][:1], "budgets_bytes": [None]}

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import planner
+from memplan import planner
 from memplan.cli import app
 from memplan.client import Client, ServerError, ServerUnavailable
 from tests.service.server import free_port

@@ -107,8 +107,8 @@ def test_stop_can_be_reentered_by_a_second_signal(tmp_path):
     import sys
     import threading
 
-    from service.jobs.worker import Worker
-    from service.settings import Settings
+    from memplan.service.jobs.worker import Worker
+    from memplan.service.settings import Settings
 
     worker = Worker(Settings(data_dir=tmp_path))
     busy = [False]

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-import planner
+from memplan import planner
 from tests.service.conftest import make_profile
 
 PROBLEM = "application/problem+json"
@@ -131,7 +131,7 @@ def test_frontier(client, profile):
     r = client.post("/v1/plans/frontier", json={"profile": profile})
     if not hasattr(planner, "frontier"):
         problem = _problem(r, 501)
-        assert "planner.frontier" in problem["detail"]
+        assert "memplan.planner.frontier" in problem["detail"]
         return
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
     assert r.json() == json.loads(planner.frontier(profile).model_dump_json())

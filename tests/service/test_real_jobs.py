@@ -15,7 +15,7 @@ TINY = {"n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size":
 def real_server(tmp_path_factory):
     srv = Server(
         tmp_path_factory.mktemp("svc-real"),
-        env={"MEMPLAN_RUN_JOB": "service.jobs.kinds:run_job", "MEMPLAN_PROFILE_JOB": "service.jobs.kinds:profile_job"},
+        env={"MEMPLAN_RUN_JOB": "memplan.service.jobs.kinds:run_job", "MEMPLAN_PROFILE_JOB": "memplan.service.jobs.kinds:profile_job"},
     ).start()
     yield srv
     srv.stop()
@@ -27,7 +27,7 @@ def _finish(c: httpx.Client, loc: str) -> dict:
 
 @pytest.mark.slow
 def test_real_run_and_profile(real_server):
-    pytest.importorskip("executor.pipeline")
+    pytest.importorskip("memplan.executor.pipeline")
     with httpx.Client(base_url=real_server.url, timeout=30) as c:
         run = c.post("/v1/runs", json={"model": "gpt", "config": TINY, "steps": 2, "strategy": "sqrt", "device": "cpu"})
         prof = c.post("/v1/profiles", json={"model": "gpt", "config": TINY, "repeats": 1, "warmup": 0, "timing": "stage",

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
 
-scaling = pytest.importorskip("planner.scaling")
+scaling = pytest.importorskip("memplan.planner.scaling")
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "chinchilla_epoch_extracted.csv"
 
 
 def _same(r, result):
@@ -60,9 +58,10 @@ def test_sizing_errors(client, params, field):
     assert field in [e["field"] for e in r.json()["errors"]]
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="shared/data is not beside this checkout")
 def test_fit_equals_library(client):
-    rows = list(csv.DictReader(DATA.open()))
+    from memplan.data import dataset_path
+
+    rows = list(csv.DictReader(dataset_path("epoch").open()))
     runs = [{"params": float(r["Model Size"]), "flops": float(r["Training FLOP"]), "loss": float(r["loss"])}
             for r in rows]
     r = client.post("/v1/sizing/fit", json={"runs": runs, "flops": [1e22]})

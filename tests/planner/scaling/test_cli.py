@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memplan.cli import app
-from tests.planner.scaling.conftest import EPOCH_CSV
+from memplan.data import dataset_path
 
 runner = CliRunner()
 
@@ -71,10 +71,8 @@ def test_size_bad_input_exits_2_without_traceback(args, message):
 
 
 def test_fit_csv_json_and_plot(tmp_path):
-    if not EPOCH_CSV.exists():
-        pytest.skip(f"Epoch's Chinchilla data is not at {EPOCH_CSV}")
     plot = tmp_path / "fit.png"
-    data = _json(["fit", str(EPOCH_CSV), "--params-column", "Model Size", "--flops-column",
+    data = _json(["fit", str(dataset_path("epoch")), "--params-column", "Model Size", "--flops-column",
                   "Training FLOP", "--drop-highest-loss", "5", "--bootstrap", "5", "--compute",
                   "5.76e23", "--plot", str(plot), "--json"])
     for k in ("E", "A", "B", "alpha", "beta"):
@@ -82,6 +80,23 @@ def test_fit_csv_json_and_plot(tmp_path):
     assert data["A"] == pytest.approx(477.8, rel=5e-3)
     assert data["predictions"][0]["params"] == pytest.approx(7.32e10, rel=0.01)
     assert plot.stat().st_size > 10_000
+
+
+def test_fit_shipped_dataset_gives_epochs_coefficients():
+    """`memplan fit --dataset epoch --json` refits the shipped data to Epoch's published fit
+    (Besiroglu et al. 2024, Table 1: A 482.01, B 2085.43, E 1.82, alpha 0.3478, beta 0.3658; ours
+    on the same 240 points, Huber on log loss)."""
+    data = _json(["fit", "--dataset", "epoch", "--json"])
+    assert data["n_runs"] == 240
+    for k, v in {"A": 477.8, "B": 2143.4, "E": 1.8172, "alpha": 0.3473, "beta": 0.3672}.items():
+        assert data[k] == pytest.approx(v, rel=0.01), k
+
+
+def test_fit_dataset_errors(tmp_path):
+    res = runner.invoke(app, ["fit", "--dataset", "nope"])
+    assert res.exit_code == 2 and "--dataset: unknown data set 'nope'" in res.output
+    res = runner.invoke(app, ["fit"])
+    assert res.exit_code == 2 and "give a file of runs or --dataset" in res.output
 
 
 def test_fit_errors(tmp_path):

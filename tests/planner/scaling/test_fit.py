@@ -6,8 +6,7 @@ import json
 
 import numpy as np
 import pytest
-
-from planner.scaling import LAWS, ScalingError, fit_law, load_runs
+from memplan.planner.scaling import LAWS, ScalingError, fit_law, load_runs
 
 
 def test_epoch_refit_reproduced(epoch_runs, epoch_fit):

@@ -6,8 +6,7 @@ import math
 
 import numpy as np
 import pytest
-
-from planner.scaling import (
+from memplan.planner.scaling import (
     LAWS,
     ScalingError,
     compute_optimal,

@@ -6,9 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from scipy.optimize import minimize_scalar
-
-from planner.scaling import (
+from memplan.planner.scaling import (
     LAWS,
     ScalingError,
     cheapest_for_loss,
@@ -16,7 +14,8 @@ from planner.scaling import (
     get_law,
     optimal_for_params,
 )
-from planner.scaling.laws import CHINCHILLA_TABLE3
+from memplan.planner.scaling.laws import CHINCHILLA_TABLE3
+from scipy.optimize import minimize_scalar
 
 GOPHER_FLOPS = 5.76e23
 

@@ -2,18 +2,18 @@
 
 The search is tested against brute force with a shapes-only chain defined here (Korthikanti et al.
 2022-style bytes per block), so that it does not depend on the profiler; the real analytic profile
-is exercised when `profiler.analytic` is present.
+is exercised when `memplan.profiler.analytic` is present.
 """
 
 from __future__ import annotations
 
 import pytest
+from memplan.planner.scaling import ScalingError, optimal_for_params
+from memplan.planner.scaling.memory_aware import memory_aware_size
+from memplan.planner.scaling.shapes import gpt_shape, shape_for_layers
+from memplan.profiler.schema import Profile
 
-import planner
-from planner.scaling import ScalingError, optimal_for_params
-from planner.scaling.memory_aware import memory_aware_size
-from planner.scaling.shapes import gpt_shape, shape_for_layers
-from profiler.schema import Profile
+from memplan import planner
 
 GB = 10**9
 
@@ -116,6 +116,6 @@ def test_bad_input():
 
 
 def test_with_the_real_analytic_profile():
-    pytest.importorskip("profiler.analytic", reason="profiler.analytic is not built yet")
+    pytest.importorskip("memplan.profiler.analytic", reason="memplan.profiler.analytic is not built yet")
     r = memory_aware_size(141 * GB, n_devices=8, device="H200")
     assert r.total_peak_bytes <= 141 * GB and r.n_layer >= 1

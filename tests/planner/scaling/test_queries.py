@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import memplan.planner.scaling as scaling
 import pytest
-
-import planner.scaling as scaling
 
 
 @pytest.mark.parametrize(("fn", "field", "value"), [
