@@ -20,8 +20,6 @@ __all__ = [
     "TOLERANCE",
     "Diff",
     "tensor_diff",
-    "params_of",
-    "buffers_of",
     "reference_copy",
     "reference_forward",
     "tolerance_for",
@@ -86,30 +84,6 @@ def tensor_diff(pairs: Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]
     return out
 
 
-def params_of(stages: Sequence[nn.Module]) -> list[nn.Parameter]:
-    """The stages' parameters in order, each once (tied weights appear once)."""
-    seen: set[int] = set()
-    out = []
-    for stage in stages:
-        for p in stage.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-    return out
-
-
-def buffers_of(stages: Sequence[nn.Module]) -> list[torch.Tensor]:
-    """The stages' buffers in order, each once."""
-    seen: set[int] = set()
-    out = []
-    for stage in stages:
-        for b in stage.buffers():
-            if id(b) not in seen:
-                seen.add(id(b))
-                out.append(b)
-    return out
-
-
 def reference_copy(stages: Sequence[nn.Module]) -> list[nn.Module]:
     """A deep copy of the stages, sharing nothing with them (modules shared between stages stay
     shared within the copy)."""
@@ -122,7 +96,7 @@ def reference_forward(stages: Sequence[nn.Module], example_input, *, autocast_dt
     of each stage's output (for the check against the profile)."""
     import contextlib
 
-    from memplan.executor.runner import value_bytes
+    from memplan.profiler.tensors import storage_bytes
 
     ctx = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
            else contextlib.nullcontext())
@@ -131,5 +105,5 @@ def reference_forward(stages: Sequence[nn.Module], example_input, *, autocast_dt
     with ctx, torch.enable_grad():
         for stage in stages:
             x = stage(x)
-            outputs.append(value_bytes(x))
+            outputs.append(storage_bytes([x]))
     return x, outputs

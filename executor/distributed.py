@@ -172,10 +172,10 @@ def _state_bytes(tensors) -> int:
 def _rank_main(rank: int, spec_d: dict, plan_d: dict, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
-    from memplan.executor.compare import params_of
     from memplan.executor.runner import ScheduleRunner
     from memplan.planner.schema import Plan
     from memplan.profiler.memory import measure_memory
+    from memplan.profiler.tensors import unique_params
 
     # before init_process_group: NOTE [ A rank leaves nothing running ]
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -186,7 +186,7 @@ def _rank_main(rank: int, spec_d: dict, plan_d: dict, out_dir: str) -> None:
                             world_size=spec.world_size)
     try:
         stages, x = _model(spec, rank)
-        params = params_of(stages)
+        params = unique_params(stages)
         for p in params:
             p.grad = torch.zeros_like(p)
         if spec.zero_stage == 1:
@@ -237,10 +237,11 @@ def _reference(spec: DistributedSpec, step_grads: list[list[Any]]):
     """One process: the whole global batch's gradients at step 1 (plain forward and backward), and
     the parameters after AdamW steps on the ranks' averaged gradients `step_grads` (per step)."""
     import torch
-    from memplan.executor.compare import params_of, reference_forward
+    from memplan.executor.compare import reference_forward
+    from memplan.profiler.tensors import unique_params
 
     stages, x = _model(spec, None)
-    params = params_of(stages)
+    params = unique_params(stages)
     loss, _ = reference_forward(stages, x, device=torch.device("cpu"))
     loss.backward()
     grads = [p.grad.clone() for p in params]

@@ -26,8 +26,6 @@ from typing import Any
 import torch
 from memplan.executor.compare import (
     Diff,
-    buffers_of,
-    params_of,
     reference_copy,
     reference_forward,
     tensor_diff,
@@ -35,10 +33,11 @@ from memplan.executor.compare import (
 )
 from memplan.executor.guards import GUARDS
 from memplan.executor.report import ExecutorError, RunReport, StepRecord, error_pct
-from memplan.executor.runner import ScheduleRunner, value_bytes
+from memplan.executor.runner import ScheduleRunner
 from memplan.planner.schema import Plan, PlanError
-from memplan.profiler.measure import param_dtype
+from memplan.profiler.fixed import param_dtype
 from memplan.profiler.schema import Profile, load_profile
+from memplan.profiler.tensors import storage_bytes, unique_buffers, unique_params
 from torch import nn
 
 __all__ = ["run_plan", "check_plan", "fixed_bytes_of", "make_optimizer", "optimizer_step"]
@@ -80,27 +79,10 @@ def fixed_bytes_of(stages: Sequence[nn.Module], opt: torch.optim.Optimizer | Non
     """Bytes of the distinct storages of parameters, their gradients, buffers and optimizer state;
     with `device`, only those on it (AdamW keeps its step counters on the CPU when the parameters
     are on a GPU, and a GPU's memory does not hold them: profiler.measure counts them likewise)."""
-    seen: set[int] = set()
-    total = 0
-
-    def add(t: Any) -> None:
-        nonlocal total
-        if isinstance(t, torch.Tensor) and (device is None or t.device == device):
-            st = t.untyped_storage()
-            if st.data_ptr() not in seen and st.nbytes() > 0:
-                seen.add(st.data_ptr())
-                total += st.nbytes()
-
-    for p in params_of(stages):
-        add(p)
-        add(p.grad)
-    for b in buffers_of(stages):
-        add(b)
-    if opt is not None:
-        for state in opt.state.values():
-            for v in state.values():
-                add(v)
-    return total
+    params = unique_params(stages)
+    states = list(opt.state.values()) if opt is not None else []
+    return storage_bytes([params, [p.grad for p in params], unique_buffers(stages), states],
+                         device=device)
 
 
 def check_plan(stages: Sequence[nn.Module], plan: Plan | dict | str,
@@ -192,7 +174,7 @@ def _sync_reference(stages, opt, ref, ref_opt) -> None:
     (on the H200, bf16 GPT-2's gradients stayed within 0.3-1.8% of the reference in every step
     while single parameters, zero-initialised biases, moved 2-8% apart)."""
     with torch.no_grad():
-        for p, q in zip(params_of(stages), params_of(ref), strict=True):
+        for p, q in zip(unique_params(stages), unique_params(ref), strict=True):
             q.copy_(p)
             if opt is None or ref_opt is None:
                 continue
@@ -205,13 +187,13 @@ def _sync_reference(stages, opt, ref, ref_opt) -> None:
 
 
 def _alloc_grads(stages: Sequence[nn.Module]) -> None:
-    for p in params_of(stages):
+    for p in unique_params(stages):
         if p.requires_grad and p.grad is None:
             p.grad = torch.zeros_like(p)
 
 
 def _zero_grads(stages: Sequence[nn.Module]) -> None:
-    for p in params_of(stages):
+    for p in unique_params(stages):
         if p.grad is not None:
             p.grad.zero_()
 
@@ -260,12 +242,12 @@ def run_plan(
     ops = plan.ops()
 
     _alloc_grads(stages)
-    opt = make_optimizer(params_of(stages), optimizer)
+    opt = make_optimizer(unique_params(stages), optimizer)
     ref = ref_opt = None
     if compare:
         ref = reference_copy(stages)
         _alloc_grads(ref)
-        ref_opt = make_optimizer(params_of(ref), optimizer)
+        ref_opt = make_optimizer(unique_params(ref), optimizer)
     scaler = ref_scaler = None
     if autocast_dtype is torch.float16:
         scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
@@ -275,7 +257,7 @@ def run_plan(
 
     runner = ScheduleRunner(stages, ops, device=device, autocast_dtype=autocast_dtype, guards=guards,
                             storage=plan.checkpoint_dtypes)
-    input_bytes = value_bytes(example_input)
+    input_bytes = storage_bytes([example_input])
     records: list[StepRecord] = []
     grad_diff = Diff()
     last_bitwise = True  # the last step's gradients bitwise equal to the reference's
@@ -332,7 +314,7 @@ def run_plan(
         loss_f = float(loss)
         rec = StepRecord(step=step, loss=loss_f, reference_loss=ref_loss, schedule_s=seconds)
         if ref is not None:
-            d = tensor_diff((p.grad, q.grad) for p, q in zip(params_of(stages), params_of(ref),
+            d = tensor_diff((p.grad, q.grad) for p, q in zip(unique_params(stages), unique_params(ref),
                                                              strict=True))
             grad_diff = grad_diff.merge(d)
             last_bitwise = d.bitwise
@@ -354,8 +336,8 @@ def run_plan(
     buf_diff = param_diff = None
     problems: list[str] = []
     if ref is not None:
-        buf_diff = tensor_diff(zip(buffers_of(stages), buffers_of(ref), strict=True))
-        param_diff = tensor_diff(zip(params_of(stages), params_of(ref), strict=True))
+        buf_diff = tensor_diff(zip(unique_buffers(stages), unique_buffers(ref), strict=True))
+        param_diff = tensor_diff(zip(unique_params(stages), unique_params(ref), strict=True))
         if grad_diff.max_rel > tol:
             problems.append(f"gradients differ from the unplanned step (rel {grad_diff.max_rel:.3g} > {tol:.3g})")
         if buf_diff.max_rel > tol:

@@ -33,22 +33,7 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-__all__ = ["ScheduleRunner", "forward_counts", "value_bytes"]
-
-
-def value_bytes(value: Any) -> int:
-    """Bytes of the distinct storages of the tensors in a stage value (a tensor or a tree)."""
-    flat, _ = tree_flatten(value)
-    seen: set[int] = set()
-    total = 0
-    for t in flat:
-        if isinstance(t, torch.Tensor):
-            st = t.untyped_storage()
-            key = st.data_ptr()
-            if key not in seen:
-                seen.add(key)
-                total += st.nbytes()
-    return total
+__all__ = ["ScheduleRunner", "forward_counts"]
 
 
 def forward_counts(ops: Sequence[Op], n_stages: int) -> list[int]:

@@ -25,7 +25,7 @@ with every parameter's gradient already allocated (as in a training step after t
 - `fixed_bytes`: parameters, their gradients, the optimizer's state (AdamW: two moments shaped like
   each parameter, plus its step counter, a 4-byte CPU tensor per parameter unless on a GPU), the
   stages' buffers, and the pending gradient of parameters shared between stages (see
-  NOTE [ Parameters shared between stages ] in `_fixed_bytes`).
+  NOTE [ Parameters shared between stages ] in `memplan.profiler.fixed.fixed_bytes`).
 
 Module state that a forward changes (BatchNorm statistics, expert and exit counters, any buffer)
 and the random number generators are restored afterwards, so profiling leaves the model as it was.
@@ -34,17 +34,18 @@ and the random number generators are restored afterwards, so profiling leaves th
 from __future__ import annotations
 
 import logging
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn as nn
+from memplan.profiler.fixed import fixed_bytes, param_dtype, restore_state, snapshot_state
 from memplan.profiler.memory import measure_memory
 from memplan.profiler.schema import LayerProfile, Profile, ProfileError
+from memplan.profiler.tensors import Seed, stage_input, storage_bytes, storage_sizes, unique_params
+from memplan.profiler.timing import forward_flops, time_chain, time_stage
 
-__all__ = ["profile_chain", "optimizer_state_bytes", "stage_names", "param_dtype"]
+__all__ = ["profile_chain", "stage_names"]
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +101,11 @@ def profile_chain(
             return _nullcontext()
         return torch.autocast(device_type=dev.type, dtype=ac_dtype)
 
-    snapshot = _snapshot_state(stages)
+    snapshot = snapshot_state(stages)
     try:
         for stage in stages:
             stage.train()
-        params = _unique_params(stages)
+        params = unique_params(stages)
         for p in params:
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -116,15 +117,15 @@ def profile_chain(
         owned: set[int] = set()
         chain_times, timing_used = None, "stage"
         if timing == "chain":
-            chain_times, timing_used = _time_chain(stages, example_input, dev, ctx, repeats, warmup)
+            chain_times, timing_used = time_chain(stages, example_input, dev, ctx, repeats, warmup)
         for i, stage in enumerate(stages):
             label = stage_labels[i]
             mem = _measure_stage_memory(stage, inputs[i], i == 0, dev, ctx, fixed_tensors)
             if chain_times is not None:
                 f_s, b_s, n_s = chain_times[i]
             else:
-                f_s, b_s, n_s = _time_stage(stage, inputs[i], i == 0, dev, ctx, repeats, warmup)
-            flops = _forward_flops(stage, inputs[i], ctx)
+                f_s, b_s, n_s = time_stage(stage, inputs[i], i == 0, dev, ctx, repeats, warmup)
+            flops = forward_flops(stage, inputs[i], ctx)
             pbytes = 0
             for p in stage.parameters():
                 if id(p) not in owned:
@@ -150,7 +151,7 @@ def profile_chain(
             extras.append({"name": label, **mem["extra"]})
             if progress is not None:
                 progress(i + 1, len(stages), label)
-        fixed = _fixed_bytes(stages, params, optimizer, dev)
+        fixed = fixed_bytes(stages, params, optimizer, dev)
         info: dict[str, Any] = {
             "source": "memplan.profiler.profile_chain (measured)",
             "torch": torch.__version__,
@@ -174,13 +175,13 @@ def profile_chain(
             name=name,
             device=str(dev),
             dtype=str(dtype).removeprefix("torch."),
-            input_bytes=_storage_bytes([example_input]),
+            input_bytes=storage_bytes([example_input]),
             fixed_bytes=fixed["total_bytes"],
             layers=layers,
             meta=info,
         )
     finally:
-        _restore_state(stages, snapshot)
+        restore_state(stages, snapshot)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,46 +313,9 @@ def _check_output(out, i: int, L: int, label: str) -> None:
         )
 
 
-def _stage_input(x: torch.Tensor, first: bool) -> torch.Tensor:
-    """The stage's input as a leaf that takes a gradient (stage 1's data input does not)."""
-    x = x.detach()
-    if not first and x.is_floating_point():
-        x.requires_grad_(True)
-    return x
-
-
-class _Seed(torch.autograd.Function):
-    """A scalar whose backward hands `ones_like(out)` to `out`'s graph, so that the gradient of the
-    stage's output exists only inside autograd (a Python reference would pin it)."""
-
-    @staticmethod
-    def forward(ctx, out):
-        ctx.meta = (out.shape, out.dtype, out.device)
-        return out.new_zeros(())
-
-    @staticmethod
-    def backward(ctx, grad):
-        shape, dtype, device = ctx.meta
-        return torch.ones(shape, dtype=dtype, device=device)
-
-
 def _value_dtype(x) -> str | None:
     """The dtype name of a stage's tensor output ('float32', ...); None for other values."""
     return str(x.dtype).removeprefix("torch.") if isinstance(x, torch.Tensor) else None
-
-
-def _storages(tensors) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            st = t.untyped_storage()
-            if st.nbytes():
-                out[st.data_ptr()] = st.nbytes()
-    return out
-
-
-def _storage_bytes(tensors) -> int:
-    return sum(_storages(tensors).values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,7 +323,7 @@ def _storage_bytes(tensors) -> int:
 
 
 def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict[str, Any]:
-    x = _stage_input(x_prev, first)
+    x = stage_input(x_prev, first)
     saved: dict[int, int] = {}
     n_saved = 0
 
@@ -379,7 +343,7 @@ def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict
             out = stage(x)
         has_backward = out.requires_grad
         meter.mark("seed")
-        seed = _Seed.apply(out) if has_backward else None
+        seed = Seed.apply(out) if has_backward else None
         meter.mark("backward")
         if has_backward:
             # the output's gradient d_i is created inside the backward and held by autograd only,
@@ -392,12 +356,12 @@ def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict
             out_f = stage(x.detach())
     del out_f
     fwd, bwd = meter.phases["start"], meter.phases["backward"]
-    excluded = _storages(fixed_tensors) | _storages([x]) | _storages([out])
+    excluded = storage_sizes(fixed_tensors) | storage_sizes([x]) | storage_sizes([out])
     saved_bytes = sum(n for ptr, n in saved.items() if ptr not in excluded)
-    out_bytes = _storage_bytes([out])
+    out_bytes = storage_bytes([out])
     fwd_temp = max(0, fwd.peak_bytes - fwd.end_bytes)
     if has_backward:
-        in_grad = _storage_bytes([x.grad]) if x.grad is not None else 0
+        in_grad = storage_bytes([x.grad]) if x.grad is not None else 0
     # B i runs with d_i (x_i bytes) live in the chain model: count it there, not in tb_i
     bwd_temp = max(0, bwd.peak_bytes - bwd.start_bytes - in_grad - out_bytes) if has_backward else 0
     del out, x, seed
@@ -420,275 +384,6 @@ def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict
             "backward_end_bytes": bwd.end_bytes - bwd.start_bytes if has_backward else 0,
         },
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# time and FLOPs
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _time_stage(stage, x_prev, first, dev, ctx, repeats, warmup) -> tuple[float, float, float]:
-    """Medians (seconds) of the recorded forward, its backward and the forward under
-    torch.no_grad() (an `F` op; NOTE [ no-grad forward time ] in planner/simulate.py)."""
-    fwd: list[float] = []
-    bwd: list[float] = []
-    nograd: list[float] = []
-    clock = _Clock(dev)
-    for r in range(warmup + repeats):
-        x = _stage_input(x_prev, first)
-        clock.mark()
-        with ctx():
-            out = stage(x)
-        clock.mark()
-        if out.requires_grad:
-            grad = torch.ones_like(out)  # made outside the timed span
-            clock.mark()
-            torch.autograd.backward(out, grad)
-            clock.mark()
-            del grad
-        else:
-            clock.mark()
-            clock.mark()
-        del out
-        clock.mark()
-        with torch.no_grad(), ctx():
-            out = stage(x)
-        clock.mark()
-        f_s, b_s, n_s = _spans(clock.take())
-        del out, x
-        if r >= warmup:
-            fwd.append(f_s)
-            bwd.append(b_s)
-            nograd.append(n_s)
-    return statistics.median(fwd), statistics.median(bwd), statistics.median(nograd)
-
-
-def _time_chain(stages, x0, dev, ctx, repeats, warmup) -> tuple[list[tuple[float, float, float]] | None, str]:
-    """Per stage, medians (seconds) of the recorded forward, its backward and the no-grad forward,
-    each timed inside a pass over the whole chain; and what `meta["timing"]` records. None where
-    the pass does not fit on the device (the caller then times each stage alone).
-
-    NOTE [ timing in context ]
-    A stage timed alone, again and again on its own input, does not run as it runs in a step,
-    where every other stage has been through the caches and the allocator in between. The
-    executor runs a step op by op, so its per-op times are the reference. Measured on the
-    benchmark's residual MLP blocks (2-core CPU, one thread, glibc's heap kept, medians of
-    interleaved repeats, the runner's op times summed over a store-all step): 32 blocks of width
-    512, batch 256: recorded forwards 301.7 ms timed in the chain, 300.3 ms in the runner, 324.7 ms
-    alone; backwards 619.1 / 619.8 / 682.8 ms; no-grad forwards 286 ms in the chain, 334 ms alone.
-    Alone was 8-17% off; in the chain, within 0.5%.
-    Each repeat here is therefore one store-all step (the stages' recorded forwards in order, each
-    from a detached input that takes a gradient, as an `R` op runs them; then their backwards
-    from the last, as `B` ops run them) followed by a forward under torch.no_grad() over the chain
-    (`F` ops); a stage's three times are medians over the repeats. A floating a_0 takes a gradient
-    here, as the executor's `R 1` gives it one (the chain model's `B 1` makes d_0).
-    """
-    fwd: list[list[float]] = [[] for _ in stages]
-    bwd: list[list[float]] = [[] for _ in stages]
-    nograd: list[list[float]] = [[] for _ in stages]
-    try:
-        for r in range(warmup + repeats):
-            f_s, b_s, n_s = _chain_pass(stages, x0, dev, ctx)
-            if r >= warmup:
-                for i in range(len(stages)):
-                    fwd[i].append(f_s[i])
-                    bwd[i].append(b_s[i])
-                    nograd[i].append(n_s[i])
-    except torch.OutOfMemoryError as err:
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-        first = str(err).splitlines()[0] if str(err) else "out of memory"
-        log.warning("timing: a store-all pass over the chain does not fit on %s (%s); timing each "
-                    "stage alone instead (NOTE [ timing in context ])", dev, first)
-        return None, "stage (a pass over the chain did not fit)"
-    med = statistics.median
-    return [(med(fwd[i]), med(bwd[i]), med(nograd[i])) for i in range(len(stages))], "chain"
-
-
-def _chain_pass(stages, x0, dev, ctx) -> tuple[list[float], list[float], list[float]]:
-    """One store-all step, then a no-grad forward, over the chain: seconds per stage of each."""
-    L = len(stages)
-    clock = _Clock(dev)
-    records: list[tuple[torch.Tensor, torch.Tensor]] = []
-    x = x0
-    for stage in stages:
-        inp = x.detach()
-        if inp.is_floating_point():
-            inp.requires_grad_(True)
-        clock.mark()
-        with torch.enable_grad(), ctx():
-            out = stage(inp)
-        clock.mark()
-        records.append((inp, out))
-        x = out.detach()
-    del x, out
-    f_spans = _spans(clock.take())
-    grad: torch.Tensor | None = None
-    for i in range(L - 1, -1, -1):
-        inp, out = records.pop()  # its saved tensors are freed after its backward, as by `B i`
-        if grad is None and i < L - 1:
-            grad = torch.zeros_like(out)  # the next stage did not use its input
-        clock.mark()
-        if out.requires_grad:
-            torch.autograd.backward(out, grad)
-        clock.mark()
-        grad = inp.grad if inp.requires_grad else None
-        del inp, out
-    del grad
-    b_spans = _spans(clock.take())[::-1]
-    x = x0
-    with torch.no_grad():
-        for stage in stages:
-            clock.mark()
-            with ctx():
-                x = stage(x)
-            clock.mark()
-    del x
-    return f_spans, b_spans, _spans(clock.take())
-
-
-def _spans(marks: list[float]) -> list[float]:
-    """Seconds between each pair of marks (start, end, start, end, ...)."""
-    return [marks[k + 1] - marks[k] for k in range(0, len(marks), 2)]
-
-
-class _Clock:
-    """Time marks (seconds): CUDA events read after one synchronisation on a GPU, a monotonic
-    clock after synchronisation on the CPU."""
-
-    def __init__(self, dev: torch.device) -> None:
-        self.dev = dev
-        self.marks: list = []
-
-    def mark(self) -> None:
-        if self.dev.type == "cuda":
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            self.marks.append(e)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def take(self) -> list[float]:
-        marks, self.marks = self.marks, []
-        if self.dev.type != "cuda":
-            return marks
-        _sync(self.dev)
-        return [marks[0].elapsed_time(e) / 1e3 for e in marks]
-
-
-def _forward_flops(stage, x_prev, ctx) -> float:
-    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
-
-    def cpu_flash(q, k, v, *args, out_shape=None, **kwargs) -> int:
-        return sdpa_flop_count(q, k, v)
-
-    # the CPU flash kernel has no formula of its own in FlopCounterMode: count it like SDPA's
-    x = x_prev.detach()
-    counter = FlopCounterMode(
-        display=False,
-        custom_mapping={torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash},
-    )
-    with torch.no_grad(), counter, ctx():
-        stage(x)
-    return float(counter.get_total_flops())
-
-
-# ---------------------------------------------------------------------------------------------
-# fixed memory and module state
-
-
-def _unique_params(stages) -> list[nn.Parameter]:
-    seen: dict[int, nn.Parameter] = {}
-    for stage in stages:
-        for p in stage.parameters():
-            seen.setdefault(id(p), p)
-    return list(seen.values())
-
-
-def optimizer_state_bytes(params, optimizer: str, device: torch.device) -> int:
-    """Bytes the optimizer allocates for `params` once it has stepped (torch.optim's layout):
-    AdamW/Adam two moments like each parameter plus a 4-byte step tensor per parameter (kept on
-    the CPU unless the parameters are on a GPU, where it is not counted); SGD with momentum one
-    buffer; plain SGD and 'none' nothing."""
-    trainable = [p for p in params if p.requires_grad]
-    if optimizer in ("adamw", "adam"):
-        moments = sum(2 * p.numel() * p.element_size() for p in trainable)
-        steps = 4 * len(trainable) if device.type == "cpu" else 0
-        return moments + steps
-    if optimizer == "sgd-momentum":
-        return sum(p.numel() * p.element_size() for p in trainable)
-    return 0
-
-
-def _fixed_bytes(stages, params, optimizer: str, dev: torch.device) -> dict[str, int]:
-    param_bytes = sum(p.numel() * p.element_size() for p in params)
-    grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
-    state = optimizer_state_bytes(params, optimizer, dev)
-    buffers: dict[int, torch.Tensor] = {}
-    for stage in stages:
-        for b in stage.buffers():
-            buffers.setdefault(id(b), b)
-    buffer_bytes = sum(b.numel() * b.element_size() for b in buffers.values())
-    # NOTE [ Parameters shared between stages ]: autograd sums a shared leaf's gradient
-    # contributions in a buffer before accumulating them, so the later stage's contribution stays
-    # allocated until the earlier stage's backward: through the whole backward, whatever the plan.
-    # It is fixed memory (the chain model has no other place for it).
-    owners: dict[int, set[int]] = {}
-    for i, stage in enumerate(stages):
-        for p in stage.parameters():
-            owners.setdefault(id(p), set()).add(i)
-    pending = sum(
-        p.numel() * p.element_size() for p in params if p.requires_grad and len(owners[id(p)]) > 1
-    )
-    return {
-        "param_bytes": param_bytes,
-        "grad_bytes": grad_bytes,
-        "optimizer_bytes": state,
-        "buffer_bytes": buffer_bytes,
-        "pending_shared_grad_bytes": pending,
-        "n_params": sum(p.numel() for p in params),
-        "total_bytes": param_bytes + grad_bytes + state + buffer_bytes + pending,
-    }
-
-
-def param_dtype(stages) -> torch.dtype | None:
-    """The dtype of the stages' first floating parameter (what they compute in without
-    autocast); None when they have none."""
-    for stage in stages:
-        for p in stage.parameters():
-            if p.is_floating_point():
-                return p.dtype
-    return None
-
-
-def _snapshot_state(stages) -> dict[str, Any]:
-    bufs = []
-    for stage in stages:
-        for b in stage.buffers():
-            bufs.append((b, b.detach().clone()))
-    grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in _unique_params(stages)]
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    return {"buffers": bufs, "grads": grads, "cpu_rng": torch.get_rng_state(), "cuda_rng": cuda_rng}
-
-
-def _restore_state(stages, snap: dict[str, Any]) -> None:
-    with torch.no_grad():
-        for b, saved in snap["buffers"]:
-            b.copy_(saved)
-        for p, g in snap["grads"]:
-            if g is None:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.copy_(g)
-            else:
-                p.grad = g
-    torch.set_rng_state(snap["cpu_rng"])
-    if snap["cuda_rng"] is not None:
-        torch.cuda.set_rng_state_all(snap["cuda_rng"])
 
 
 def _model_report(stages) -> dict[str, Any]:

@@ -57,7 +57,9 @@ def _check_ratio(name: str, ratio: float, *, allow_zero: bool) -> None:
 
 
 def _n_params(stages: Sequence[nn.Module]) -> int:
-    return sum(p.numel() for p in {id(p): p for s in stages for p in s.parameters()}.values())
+    from memplan.profiler.tensors import unique_params
+
+    return sum(p.numel() for p in unique_params(stages))
 
 
 def _mlps(stages: Sequence[nn.Module]) -> list[nn.Module]:

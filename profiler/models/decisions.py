@@ -76,12 +76,9 @@ class DecisionLog:
 
     def nbytes(self) -> int:
         """Bytes held by the stored tensors (unique storages)."""
-        seen: dict[int, int] = {}
-        for values in self._store.values():
-            for t in values:
-                st = t.untyped_storage()
-                seen[st.data_ptr()] = st.nbytes()
-        return sum(seen.values())
+        from memplan.profiler.tensors import storage_bytes
+
+        return storage_bytes(self._store.values())
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._store.values())

@@ -72,9 +72,9 @@ def mlp_chain(n_blocks: int = 6, *, width: int = 64, batch: int = 32, dropout: f
 
 
 def _bytes(value) -> int:
-    from memplan.executor.runner import value_bytes
+    from memplan.profiler.tensors import storage_bytes
 
-    return value_bytes(value)
+    return storage_bytes([value])
 
 
 def measured_profile(stages, x, *, name: str = "mlp", repeats: int = 3) -> Profile:

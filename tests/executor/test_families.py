@@ -90,17 +90,17 @@ def test_every_op_of_a_gpt_plan_is_replayed_to_the_byte():
     # included, whose no-grad working set the profile measures (NOTE [ no-grad forward bytes ])
     import contextlib
 
-    from memplan.executor.compare import params_of
     from memplan.executor.runner import ScheduleRunner
     from memplan.planner.simulate import simulate
     from memplan.profiler.memory import measure_memory
+    from memplan.profiler.tensors import unique_params
 
     stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY, dropout=0.1, attention="math"))
     prof = measure.profile_chain(stages, idx, repeats=1, warmup=0)
     store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
     plan = planner.plan(prof, strategy="optimal", budget_bytes=int(store * 0.45))
     assert plan.feasible and any(op[0] == "F" for op in plan.ops())
-    for p in params_of(stages):
+    for p in unique_params(stages):
         p.grad = torch.zeros_like(p)
     runner = ScheduleRunner(stages, plan.ops(), device=torch.device("cpu"))
     for step in range(2):
