@@ -1,4 +1,5 @@
-"""Human byte sizes in and out: '24GiB', '1.5e9', '512MB' <-> integers."""
+"""Human byte sizes in and out: '24GiB', '1.5e9', '512MB' <-> integers. Pure Python, shared by the planner's
+requests, the CLI and the service (the lowest layer that reads sizes from people)."""
 
 from __future__ import annotations
 
