@@ -136,3 +136,28 @@ def test_any_one_level_plan_is_valid(prof, data):
     assert sim.valid, sim.error
     expected_extra = sum(prof.layers[i - 1].forward_s for p, q, r in segs if r for i in range(p, q + 1))
     assert math.isclose(sim.recompute_s, expected_extra)
+
+
+@settings(max_examples=60, deadline=None)
+@given(prof=random_chains(max_stages=9))
+def test_uniform_keeps_everything_when_nothing_needs_saving(prof):
+    # no budget, or a budget store-all meets: k = L, store-all's schedule and prediction exactly
+    store_all = planner.plan(prof, strategy="store-all")
+    peak = store_all.predicted.peak_bytes
+    for budget in (None, peak, peak + 1):
+        plan = planner.plan(prof, budget_bytes=budget, strategy="uniform")
+        assert plan.feasible and plan.options == {"k": prof.n_stages}, budget
+        assert plan.schedule == store_all.schedule and plan.recomputed == []
+        assert plan.predicted == store_all.predicted
+    # a budget below store-all's peak makes it recompute (or say it cannot fit)
+    tighter = planner.plan(prof, budget_bytes=peak - 1, strategy="uniform")
+    if tighter.feasible:
+        assert tighter.options["k"] < prof.n_stages and tighter.predicted.peak_bytes < peak
+
+
+def test_uniform_recomputes_without_a_budget_only_when_k_is_given():
+    prof = chain([1] * 7, [1] * 6, [2] * 6, [3] * 6)
+    assert planner.plan(prof, strategy="uniform").recomputed == []
+    given_k = planner.plan(prof, strategy="uniform", k=2)
+    assert given_k.feasible and given_k.recomputed == [1, 2, 3, 4]
+    assert given_k.predicted.overhead > 0
