@@ -338,3 +338,31 @@ def test_macro_stage_costs_table():
         got = [g.x[k], g.f[k], g.b[k], g.s[k], g.tf_f[k], g.tf_r[k], g.tf_l[k], g.tb[k]]
         want = [_num(r[c]) for c in ("x", "f", "b", "s", "tf_f", "tf_r", "tf_l", "tb")]
         assert got == want, r["stages"]
+
+
+# cross references
+
+
+def _headings() -> set[str]:
+    """Section numbers of docs/chain-model.md: "7", "7.1", "10.4", ..."""
+    return set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)[. ]", _text(), flags=re.MULTILINE))
+
+
+def test_section_references_point_at_existing_sections():
+    heads = _headings()
+    assert {"5", "9", "10.1", "10.2", "10.3", "10.4", "10.5", "10.6", "12"} <= heads
+    refs = []
+    for md in sorted(DOC.parent.glob("*.md")):
+        text = md.read_text(encoding="utf-8")
+        assert "../shared" not in text, f"{md.name} points outside the repository"
+        if md == DOC:  # the page's own "section N" and "sections N and M"
+            spans = re.findall(r"sections? ((?:\d+(?:\.\d+)?(?:, | and )?)+)", text)
+        else:  # "docs/chain-model.md, section 5", "docs/chain-model.md (sections 5 and 9)"
+            spans = re.findall(r"chain-model\.md,? \(?sections? ((?:\d+(?:\.\d+)?(?:, | and )?)+)",
+                               text)
+        for span in spans:
+            for num in re.findall(r"\d+(?:\.\d+)?", span):
+                refs.append((md.name, num))
+    assert any(name != DOC.name for name, _ in refs)
+    missing = [(name, num) for name, num in refs if num not in heads]
+    assert not missing, f"references to sections docs/chain-model.md does not have: {missing}"
