@@ -366,3 +366,17 @@ def test_section_references_point_at_existing_sections():
     assert any(name != DOC.name for name, _ in refs)
     missing = [(name, num) for name, num in refs if num not in heads]
     assert not missing, f"references to sections docs/chain-model.md does not have: {missing}"
+
+
+def test_slotted_example():
+    prof = worked_example()
+    rows, _ = _marked("slotted")
+    for r in rows:
+        p = plan(prof, budget_bytes=20, mode="slotted", slots=_num(r["slots asked"]),
+                 max_gap=float(r["max_gap"]))
+        assert p.feasible
+        assert p.options["slots"] == _num(r["slots used"])
+        assert (p.predicted.time_s, p.predicted.peak_bytes) == (float(r["time (s)"]),
+                                                                _num(r["peak (bytes)"]))
+        assert p.options["lower_bound_s"] == float(r["lower bound (s)"])
+        assert f"{100 * p.options['optimality_gap']:.1f}%".replace(".0%", "%") == r["gap"]
