@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["StageTransients", "gpt_transients", "flash_split_sizes"]
+__all__ = ["StageTransients", "gpt_transients", "conv_transients", "flash_split_sizes"]
 
 
 @dataclass(frozen=True)
@@ -247,3 +247,113 @@ def gpt_transients(
     block = _temps(block_fwd, block_fwd, block_bwd, out=h, in_grad=h, seed=e)
     head = _temps(head_fwd, head_fwd, head_bwd, out=4, in_grad=h, seed=4)
     return embed, block, head
+
+
+def conv_transients(
+    *, B: int, image_size: int, in_channels: int, channels: tuple[int, ...], blocks: tuple[int, ...],
+    num_classes: int, e: int = 4,
+) -> list[StageTransients]:
+    """Transient bytes of `memplan.profiler.models.conv`'s stages (stem, each residual block, head)
+    on the CPU, fp32, as oneDNN runs the convolutions on an AVX2 machine (NOTE [ Transient bytes
+    of the conv chain ] in docs/profiler.md): each convolution reorders its input (not the
+    3-channel stem's), its weight and its output between PyTorch's layout and oneDNN's blocked
+    one, and its backward its gradients too. oneDNN's scratchpads (a strided 1 x 1 convolution's
+    buffer, the weight gradient's reduction buffers: tens of KiB on the default chain) are left
+    out: they depend on the kernel oneDNN picks for the CPU and were below every peak measured."""
+    out: list[StageTransients] = []
+    hw = image_size
+    c0 = channels[0]
+    y0 = e * B * c0 * hw * hw
+
+    def stem_fwd(t, grad: bool) -> None:
+        w = e * 9 * in_channels * c0
+        t(w, y0, -w, y0, -y0)  # weight reorder, blocked output, plain output
+
+    def stem_bwd(t) -> None:
+        w = e * 9 * in_channels * c0
+        t(y0, w, -y0, w, -w, -y0, -w)  # grad_out reordered, weight gradient; d freed
+
+    out.append(_temps(stem_fwd, stem_fwd, stem_bwd, out=y0, in_grad=0, seed=4))
+
+    def bn_fwd(t, a: int, c: int, grad: bool) -> None:  # batch counter, output, statistics
+        t(8, -8, a, 4 * c, 4 * c, 4 * c, 4 * c, -4 * c, -4 * c, 4 * c, 4 * c, -4 * c, -4 * c)
+        if not grad:
+            t(-4 * c, -4 * c)
+
+    def bn_bwd(t, a: int, c: int, *, saved_input: bool, residual: bool) -> None:
+        t(a, 4 * c, 4 * c, a, -a, -a)  # grad in, weight and bias gradients, a kernel temporary
+        t(-a if saved_input else 0, -4 * c, -4 * c, -a if residual else 0, -4 * c, -4 * c)
+
+    def conv_fwd(t, x: int, w: int, y: int) -> None:  # input, weight, blocked output reordered
+        t(x, w, y, -w, -x, y, -y)
+
+    def conv_bwd(t, x: int, w: int, y: int, strided: bool) -> None:
+        t(y, w, x, -w, -y)  # data: grad_out and weight reordered, blocked grad_in
+        t(x, x, -x, -x) if strided else t(x, -x)  # grad_in to PyTorch's layout
+        t(y, x, w, -x, -y, w, -w)  # weights: grad_out and input reordered, blocked gradient
+
+    c_prev = c0
+    for g, (ch, n) in enumerate(zip(channels, blocks, strict=True)):
+        for j in range(n):
+            stride = 2 if (g > 0 and j == 0) else 1
+            hw_out = hw // stride
+            a_in, a_out = e * B * c_prev * hw * hw, e * B * ch * hw_out * hw_out
+            w1, w2, ws = e * 9 * c_prev * ch, e * 9 * ch * ch, e * c_prev * ch
+            short = stride != 1 or c_prev != ch
+
+            def fwd(t, grad: bool, a_in=a_in, a_out=a_out, w1=w1, w2=w2, ws=ws, ci=c_prev, co=ch,
+                    short=short) -> None:
+                bn_fwd(t, a_in, ci, grad)
+                t(a_in, -a_in)  # ReLU; BatchNorm's output freed
+                if short:
+                    conv_fwd(t, a_in, ws, a_out)
+                conv_fwd(t, a_in, w1, a_out)
+                if not grad:
+                    t(-a_in)  # ReLU's output
+                bn_fwd(t, a_out, co, grad)
+                t(a_out, -a_out)
+                conv_fwd(t, a_out, w2, a_out)
+                if not grad:
+                    t(-a_out, -a_out)  # ReLU's and conv1's outputs
+                t(a_out, -a_out)  # the residual add; conv2's output freed
+                if short:
+                    t(-a_out)  # the shortcut's output (the add keeps neither input)
+
+            def bwd(t, a_in=a_in, a_out=a_out, w1=w1, w2=w2, ws=ws, ci=c_prev, co=ch, short=short,
+                    strided=stride != 1) -> None:
+                conv_bwd(t, a_out, w2, a_out, False)  # conv2 (grad_out is d: kept)
+                t(-w2)
+                t(a_out, -a_out, -a_out)  # ReLU 2: grad in; grad out and its output freed
+                bn_bwd(t, a_out, co, saved_input=True, residual=False)  # bn2 (input: conv1's output)
+                conv_bwd(t, a_in, w1, a_out, strided)  # conv1
+                t(-a_out, -w1)  # its grad_out; AccumulateGrad
+                if short:
+                    conv_bwd(t, a_in, ws, a_out, strided)
+                    t(-a_out, -a_in, -ws)  # d; its grad_in added into conv1's; AccumulateGrad
+                t(a_in, -a_in, -a_in)  # ReLU 1
+                bn_bwd(t, a_in, ci, saved_input=False, residual=not short)  # bn1: d added in
+
+            out.append(_temps(fwd, fwd, bwd, out=a_out, in_grad=a_in, seed=4))
+            c_prev, hw = ch, hw_out
+    a = e * B * c_prev * hw * hw
+    pooled, logits = e * B * c_prev, 4 * B * num_classes
+
+    def head_fwd(t, grad: bool) -> None:
+        bn_fwd(t, a, c_prev, grad)
+        t(a, -a)  # ReLU
+        t(pooled, 8, 4, -4, -8)  # mean over H, W: a sum, divided in place by a scalar
+        if not grad:
+            t(-a)
+        t(logits, logits, 4, 4)  # fc, log_softmax, loss, total weight
+        t(-logits) if grad else t(-4, -logits, -logits, -pooled)
+
+    def head_bwd(t) -> None:
+        t(logits, -4, -4, logits, -logits, -logits)  # nll, log_softmax
+        K = num_classes
+        t(pooled, e * K * c_prev, e * K, -logits, -pooled, -e * K, -e * K * c_prev)  # fc
+        t(8, 4, a, -4, -8, -pooled)  # the mean's backward
+        t(a, -a, -a)  # ReLU
+        bn_bwd(t, a, c_prev, saved_input=False, residual=False)
+
+    out.append(_temps(head_fwd, head_fwd, head_bwd, out=4, in_grad=a, seed=4))
+    return out
