@@ -19,7 +19,7 @@ from memplan.service.jobs.store import JobStore
 from memplan.service.jobs.supervisor import WorkerSupervisor
 from memplan.service.limits import BodyLimitMiddleware
 from memplan.service.problems import Problem, install_problem_handlers
-from memplan.service.routers import health, plans, profiles, runs, sizing, sweeps
+from memplan.service.routers import health, plans, profiles, runs, sizing, sweeps, ui
 from memplan.service.settings import Settings, get_settings
 
 __all__ = ["app", "create_app", "STARTED_AT"]
@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     install_problem_handlers(app)
-    for module in (health, plans, sizing, profiles, runs, sweeps):
+    for module in (health, plans, sizing, profiles, runs, sweeps, ui):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

@@ -72,6 +72,7 @@ def plan_cmd(
     gpus: Annotated[int, typer.Option(help="data-parallel GPUs (model states sharded by --zero-stage)")] = 1,
     zero_stage: Annotated[int, typer.Option(help="ZeRO stage 0-3: which model states are sharded")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="print the Plan as JSON")] = False,
+    plot: Annotated[Path | None, typer.Option(help="draw the plan's memory timeline as a PNG here")] = None,
     server: ServerOption = None,
 ) -> None:
     """Plan checkpoints for PROFILE within a memory budget."""
@@ -102,6 +103,11 @@ def plan_cmd(
         echo_json(plan)
     else:
         _print_plan(prof, plan)
+    if plot is not None and plan.schedule:
+        from memplan.planner.timeline import plan_timeline
+        from memplan.planner.timeline_plot import plot_timeline
+
+        typer.echo(f"timeline: {plot_timeline(plan_timeline(prof, plan), plot)}", err=True)
     if not plan.feasible:
         raise typer.Exit(1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -28,6 +29,8 @@ def run_cmd(
     autocast: Annotated[str | None, typer.Option(help="bfloat16 or float16 autocast")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda[:i]")] = "cpu",
     json_out: Annotated[bool, typer.Option("--json", help="print the RunReport as JSON")] = False,
+    plot: Annotated[Path | None, typer.Option(help="draw predicted against measured memory per op "
+                    "as a PNG here (and keep the timeline JSON, and on CUDA the allocator snapshot)")] = None,
     server: ServerOption = None,
 ) -> None:
     """Profile, plan, run and compare a built-in model: predicted against measured."""
@@ -39,6 +42,12 @@ def run_cmd(
                    budget_bytes=parse_bytes(budget, field="--budget") if budget else None,
                    strategy=strategy, features=[f for f in features.split(",") if f.strip()],
                    steps=steps, autocast_dtype=autocast, device=device)
+    if plot is not None:  # keep the profile and plan the run makes, to measure that plan per op
+        if server:
+            raise ValueError("--plot: measures a local run; leave out --server")
+        from memplan.executor.timeline import keeping
+
+        run_builtin = keeping(run_builtin, kept := {})
     if server:
         from memplan.executor.report import RunReport
 
@@ -59,6 +68,11 @@ def run_cmd(
     else:
         report = _run_with_progress(spec, run_builtin)
         print_report(report)
+    if plot is not None:  # a local run (--server was refused above)
+        from memplan.executor.timeline import plot_run
+
+        for path in plot_run(spec, kept["profile"], kept["plan"], plot):
+            typer.echo(f"kept: {path}", err=True)
     if report.status != "ok":
         raise typer.Exit(1)
 

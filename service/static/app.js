@@ -1,0 +1,592 @@
+// memplan's page: plain JavaScript, no build step, no library. Every number shown comes from the
+// server's API (the same origin; the page's Content-Security-Policy allows nothing else).
+"use strict";
+
+const $ = (sel) => document.querySelector(sel);
+const SVGNS = "http://www.w3.org/2000/svg";
+const KEY_STORE = "memplan.apiKey";
+const SLIDER_STEPS = 1000;
+
+const state = {
+  profile: null,      // the Profile JSON being planned
+  frontier: null,     // POST /v1/plans/frontier's answer
+  lo: 0, hi: 0,       // the slider's byte range: least feasible peak .. store-all peak
+  budget: null,       // the budget of the plan asked for (bytes)
+  seq: 0,             // requests in flight: only the latest one is drawn
+  timeline: null,     // the drawn PlanTimeline
+  cursor: null,       // op index under the cursor
+  watching: new Set(),
+};
+
+// ---- units, as memplan.units ------------------------------------------------------------------
+const UNITS = { "": 1, b: 1, k: 1e3, kb: 1e3, m: 1e6, mb: 1e6, g: 1e9, gb: 1e9, t: 1e12, tb: 1e12,
+                kib: 2 ** 10, mib: 2 ** 20, gib: 2 ** 30, tib: 2 ** 40 };
+
+function parseBytes(text) {
+  const m = /^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$/.exec(String(text));
+  if (!m || !(m[2].toLowerCase() in UNITS)) {
+    throw new Error(`cannot read ${JSON.stringify(text)} as a size; write e.g. 8GiB, 512MiB or 6e9`);
+  }
+  const v = parseFloat(m[1]) * UNITS[m[2].toLowerCase()];
+  if (!Number.isFinite(v)) throw new Error(`${text} is not a finite size`);
+  return Math.round(v);
+}
+
+function fmtBytes(n) {
+  if (n === null || n === undefined) return "-";
+  let v = Number(n);
+  for (const unit of ["B", "KiB", "MiB", "GiB", "TiB"]) {
+    if (Math.abs(v) < 1024 || unit === "TiB") return unit === "B" ? `${Math.trunc(v)} B` : `${v.toFixed(2)} ${unit}`;
+    v /= 1024;
+  }
+  return `${v.toFixed(2)} TiB`;
+}
+const fmtPct = (x) => `+${(100 * x).toFixed(1)}%`;
+const fmtS = (s) => (s >= 1 ? `${s.toPrecision(4)} s` : `${(s * 1e3).toPrecision(4)} ms`);
+const group = (n) => Number(n).toLocaleString("en-US");
+
+function status(text) { $("#status").textContent = text; }
+
+// ---- the API, with the key asked for once -----------------------------------------------------
+let keyPrompt = null;
+
+function askKey(message) {
+  if (keyPrompt) return keyPrompt;
+  const dialog = $("#key-dialog");
+  $("#key-error").textContent = message || "";
+  keyPrompt = new Promise((resolve) => {
+    dialog.addEventListener("close", () => {
+      const key = $("#api-key").value.trim();
+      if (key) sessionStorage.setItem(KEY_STORE, key);
+      keyPrompt = null;
+      resolve(Boolean(key));
+    }, { once: true });
+  });
+  document.body.dataset.keyPrompts = String(Number(document.body.dataset.keyPrompts || 0) + 1);
+  dialog.showModal();
+  $("#api-key").focus();
+  return keyPrompt;
+}
+
+function authHeaders() {
+  const key = sessionStorage.getItem(KEY_STORE);
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
+async function api(path, { method = "GET", body, headers = {}, raw = false } = {}) {
+  for (let attempt = 0; attempt < 5; attempt++) {
+    const init = { method, headers: { Accept: "application/json", ...authHeaders(), ...headers } };
+    if (body !== undefined) {
+      init.body = JSON.stringify(body);
+      init.headers["Content-Type"] = "application/json";
+    }
+    const r = await fetch(path, init);
+    if (r.status === 401) {
+      const hadKey = Boolean(sessionStorage.getItem(KEY_STORE));
+      sessionStorage.removeItem(KEY_STORE);
+      if (await askKey(hadKey ? "That key was refused; try again." : "")) continue;
+      throw new Error("this server needs an API key");
+    }
+    if (raw) return r;
+    const text = await r.text();
+    const data = text ? JSON.parse(text) : null;
+    if (!r.ok) {
+      const where = data && data.errors && data.errors.length ? ` (${data.errors.map((e) => e.field).join(", ")})` : "";
+      throw new Error(((data && (data.detail || data.title)) || `HTTP ${r.status}`) + where);
+    }
+    return data;
+  }
+  throw new Error("this server needs an API key");
+}
+
+// ---- small DOM helpers ------------------------------------------------------------------------
+function el(tag, attrs = {}, text) {
+  const node = tag.startsWith("svg:") ? document.createElementNS(SVGNS, tag.slice(4)) : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v !== undefined && v !== null) node.setAttribute(k, String(v));
+  }
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function fillRows(tbody, rows) {
+  tbody.replaceChildren(...rows.map((cells) => {
+    const tr = el("tr");
+    for (const c of cells) {
+      const td = typeof c === "object" && c !== null ? el("td", c.attrs || {}, c.text) : el("td", {}, c);
+      tr.append(td);
+    }
+    return tr;
+  }));
+}
+
+// ---- profile sources --------------------------------------------------------------------------
+async function loadExamples() {
+  const list = await api("/v1/examples");
+  const sel = $("#example");
+  for (const ex of list) {
+    sel.append(el("option", { value: ex.name }, `${ex.profile_name} (${ex.n_stages} stages)`));
+  }
+  return list;
+}
+
+async function useProfile(profile, source) {
+  state.profile = profile;
+  const n = profile.layers ? profile.layers.length : 0;
+  $("#profile-info").textContent = `${profile.name || "profile"}: ${n} stages, fixed ${fmtBytes(profile.fixed_bytes || 0)} (${source}).`;
+  status("tracing the frontier...");
+  const fr = await api("/v1/plans/frontier", { method: "POST", body: { profile, options: { points: 60 } } });
+  state.frontier = fr;
+  state.lo = fr.least_peak_bytes;
+  state.hi = fr.store_all_peak_bytes;
+  renderFrontierTables(fr);
+  for (const id of ["#budget-range", "#budget-text"]) $(id).disabled = false;
+  // start halfway between the least feasible budget and store-all
+  setBudget(Math.round(state.lo + 0.5 * (state.hi - state.lo)));
+  status("");
+}
+
+async function onExample() {
+  const name = $("#example").value;
+  if (!name) return;
+  try {
+    await useProfile(await api(`/v1/examples/${encodeURIComponent(name)}`), `example ${name}`);
+  } catch (err) { status(`example: ${err.message}`); }
+}
+
+function onUpload() {
+  const file = $("#upload").files[0];
+  if (!file) return;
+  const reader = new FileReader();
+  reader.onload = async () => {
+    let data;
+    try { data = JSON.parse(reader.result); } catch (err) {
+      status(`upload: ${file.name} is not JSON (${err.message})`);
+      return;
+    }
+    try { await useProfile(data, `uploaded ${file.name}`); } catch (err) { status(`upload: ${err.message}`); }
+  };
+  reader.readAsText(file);
+}
+
+// Hugging Face config names -> memplan's GPTConfig names
+const HF_NAMES = { num_hidden_layers: "n_layer", n_layer: "n_layer", hidden_size: "n_embd", n_embd: "n_embd",
+                   num_attention_heads: "n_head", n_head: "n_head", n_positions: "block_size",
+                   max_position_embeddings: "block_size", vocab_size: "vocab_size",
+                   intermediate_size: "ffn_hidden", n_inner: "ffn_hidden" };
+
+async function onHfConfig() {
+  let cfg;
+  try { cfg = JSON.parse($("#hf-config").value); } catch (err) {
+    status(`config.json: not JSON (${err.message})`);
+    return;
+  }
+  const config = { batch_size: Number($("#hf-batch").value) || 1, dtype: $("#hf-dtype").value };
+  for (const [k, v] of Object.entries(cfg)) {
+    if (k in HF_NAMES && v !== null) config[HF_NAMES[k]] = v;
+  }
+  status("deriving the analytic profile...");
+  try {
+    const job = await api("/v1/profiles", { method: "POST", headers: { Prefer: "wait=60" },
+                                            body: { model: "gpt", analytic: true, config } });
+    if (job.state !== "succeeded") throw new Error(job.error ? job.error.message : `the profile job is ${job.state}`);
+    await useProfile(job.result, "analytic GPT from a config");
+    refreshJobs();
+  } catch (err) { status(`config: ${err.message}`); }
+}
+
+// ---- the budget and the plan ------------------------------------------------------------------
+function setBudget(bytes, { fromSlider = false } = {}) {
+  state.budget = bytes;
+  const range = $("#budget-range");
+  if (!fromSlider && state.hi > state.lo) {
+    range.value = String(Math.round(SLIDER_STEPS * (bytes - state.lo) / (state.hi - state.lo)));
+  }
+  range.setAttribute("aria-valuetext", fmtBytes(bytes));
+  if (document.activeElement !== $("#budget-text")) $("#budget-text").value = fmtBytes(bytes).replace(" ", "");
+  schedulePlan();
+}
+
+function onSlider() {
+  const pos = Number($("#budget-range").value);
+  setBudget(Math.round(state.lo + (state.hi - state.lo) * pos / SLIDER_STEPS), { fromSlider: true });
+}
+
+function onBudgetText() {
+  try {
+    const bytes = parseBytes($("#budget-text").value);
+    $("#budget-error").textContent = "";
+    setBudget(bytes);
+  } catch (err) { $("#budget-error").textContent = `budget: ${err.message}`; }
+}
+
+let planTimer = null;
+function schedulePlan() {
+  clearTimeout(planTimer);
+  planTimer = setTimeout(requestPlan, 120);
+}
+
+async function requestPlan() {
+  if (!state.profile || state.budget === null) return;
+  const seq = ++state.seq;
+  const budget = state.budget;
+  const strategy = $("#strategy").value;
+  try {
+    const data = await api("/v1/plans/timeline", { method: "POST",
+      body: { profile: state.profile, budget_bytes: budget, strategy } });
+    if (seq !== state.seq) return; // a newer request is on its way
+    renderPlan(data.plan, data.timeline);
+    const sec = $("#plan-section");
+    sec.dataset.budget = String(budget);
+    sec.dataset.strategy = strategy;
+    sec.dataset.seq = String(seq);
+  } catch (err) {
+    if (seq === state.seq) $("#plan-message").textContent = `plan: ${err.message}`;
+  }
+}
+
+function renderPlan(plan, tl) {
+  const p = plan.predicted;
+  $("#sum-feasible").textContent = plan.feasible ? `${plan.strategy}: fits the budget` : `${plan.strategy}: infeasible`;
+  const peak = $("#sum-peak");
+  peak.textContent = p ? `${fmtBytes(p.peak_bytes)} (${group(p.peak_bytes)} B)` : "-";
+  peak.dataset.bytes = p ? String(p.peak_bytes) : "";
+  $("#sum-total").textContent = p ? fmtBytes(p.total_peak_bytes) : "-";
+  const time = $("#sum-time");
+  time.textContent = p ? fmtS(p.time_s) : "-";
+  time.dataset.seconds = p ? String(p.time_s) : "";
+  const over = $("#sum-overhead");
+  over.textContent = p ? fmtPct(p.overhead) : "-";
+  over.dataset.overhead = p ? String(p.overhead) : "";
+  $("#plan-message").textContent = plan.message || "";
+  const rows = tl ? tl.stages.map((s) => [
+    String(s.stage), s.name, { text: s.role, attrs: { class: `role-${s.role}` } }, String(s.forwards),
+    s.checkpoint ? `checkpoint${s.checkpoint_dtype ? ` (${s.checkpoint_dtype})` : ""}` : "",
+    fmtBytes(s.saved_bytes),
+  ]) : [];
+  fillRows($("#stages tbody"), rows);
+  state.timeline = tl;
+  state.cursor = tl ? tl.peak_op : null;
+  renderTimeline();
+  renderTimelineTable();
+  renderFrontierChart(p);
+}
+
+// ---- the timeline chart -----------------------------------------------------------------------
+const TL = { w: 860, h: 280, l: 70, r: 12, t: 14, b: 34 };
+
+function roleOf(tl, k) {
+  const s = tl.stage_of_op[k];
+  return s === 0 ? "loss" : tl.stages[s - 1].role;
+}
+
+function renderTimeline() {
+  const svg = $("#timeline-chart");
+  svg.replaceChildren();
+  const tl = state.timeline;
+  if (!tl) {
+    svg.append(el("svg:text", { x: 20, y: 40 }, "no schedule: the plan is infeasible at this budget"));
+    $("#timeline-cursor").textContent = "no timeline";
+    return;
+  }
+  const n = tl.ops.length;
+  const top = Math.max(tl.peak_bytes, tl.budget_bytes || 0) * 1.1 || 1;
+  const x = (k) => TL.l + (TL.w - TL.l - TL.r) * k / n;
+  const y = (b) => TL.h - TL.b - (TL.h - TL.t - TL.b) * b / top;
+  for (let j = 0; j <= 4; j++) {
+    const b = top * j / 4;
+    svg.append(el("svg:line", { x1: TL.l, x2: TL.w - TL.r, y1: y(b), y2: y(b), class: "grid" }));
+    svg.append(el("svg:text", { x: TL.l - 6, y: y(b) + 4, "text-anchor": "end" }, fmtBytes(b)));
+  }
+  const bands = el("svg:g", { "aria-hidden": "true" });
+  let d = "";
+  for (let k = 0; k < n; k++) {
+    const b = tl.predicted_bytes[k];
+    bands.append(el("svg:rect", { x: x(k), y: y(b), width: Math.max(0.5, x(k + 1) - x(k)),
+                                  height: y(0) - y(b), class: `band-${roleOf(tl, k)}` }));
+    d += `${k === 0 ? "M" : "L"}${x(k).toFixed(2)},${y(b).toFixed(2)}H${x(k + 1).toFixed(2)}`;
+  }
+  svg.append(bands);
+  svg.append(el("svg:path", { d, class: "line", id: "timeline-line", "data-ops": n }));
+  if (tl.budget_bytes !== null && tl.budget_bytes !== undefined) {
+    svg.append(el("svg:line", { x1: TL.l, x2: TL.w - TL.r, y1: y(tl.budget_bytes), y2: y(tl.budget_bytes), class: "budget" }));
+    svg.append(el("svg:text", { x: TL.w - TL.r - 4, y: y(tl.budget_bytes) - 4, "text-anchor": "end" },
+                  `budget ${fmtBytes(tl.budget_bytes)}`));
+  }
+  const k = tl.peak_op;
+  const px = (x(k) + x(k + 1)) / 2, py = y(tl.peak_bytes);
+  const peak = el("svg:path", { d: `M${px - 6},${py - 12}L${px + 6},${py - 12}L${px},${py - 2}Z`, class: "peak",
+                                id: "timeline-peak", "data-bytes": tl.peak_bytes, "data-op": k });
+  peak.append(el("svg:title", {}, `peak ${fmtBytes(tl.peak_bytes)} at op ${k} (${tl.ops[k]})`));
+  svg.append(peak);
+  svg.append(el("svg:text", { x: Math.min(Math.max(px, TL.l + 90), TL.w - 110), y: Math.max(py - 16, 12), "text-anchor": "middle" },
+                `peak ${fmtBytes(tl.peak_bytes)} (op ${k}, ${tl.ops[k]})`));
+  svg.append(el("svg:line", { x1: TL.l, x2: TL.w - TL.r, y1: y(0), y2: y(0), class: "axis" }));
+  svg.append(el("svg:line", { x1: TL.l, x2: TL.l, y1: TL.t, y2: y(0), class: "axis" }));
+  svg.append(el("svg:text", { x: (TL.l + TL.w) / 2, y: TL.h - 8, "text-anchor": "middle" }, `op of the schedule (${n} ops)`));
+  svg.append(el("svg:line", { id: "timeline-cursor-line", class: "cursor", x1: 0, x2: 0, y1: TL.t, y2: y(0), visibility: "hidden" }));
+  moveCursor(state.cursor);
+}
+
+function moveCursor(k) {
+  const tl = state.timeline;
+  if (!tl || k === null) return;
+  k = Math.max(0, Math.min(tl.ops.length - 1, k));
+  state.cursor = k;
+  const n = tl.ops.length;
+  const xm = TL.l + (TL.w - TL.l - TL.r) * (k + 0.5) / n;
+  const line = $("#timeline-cursor-line");
+  if (line) {
+    line.setAttribute("x1", xm);
+    line.setAttribute("x2", xm);
+    line.setAttribute("visibility", "visible");
+  }
+  const b = tl.predicted_bytes[k];
+  const label = `op ${k} of ${n}: ${tl.ops[k]} (${roleOf(tl, k)}), ${fmtBytes(b)} live` +
+    (k === tl.peak_op ? " - the peak" : "");
+  const out = $("#timeline-cursor");
+  out.textContent = label;
+  out.dataset.op = String(k);
+  out.dataset.bytes = String(b);
+}
+
+function onTimelinePointer(ev) {
+  const tl = state.timeline;
+  if (!tl) return;
+  const svg = $("#timeline-chart");
+  const box = svg.getBoundingClientRect();
+  const sx = (ev.clientX - box.left) * TL.w / box.width;
+  const k = Math.floor((sx - TL.l) / (TL.w - TL.l - TL.r) * tl.ops.length);
+  if (k >= 0 && k < tl.ops.length) moveCursor(k);
+}
+
+function onTimelineKey(ev) {
+  const tl = state.timeline;
+  if (!tl) return;
+  const k = state.cursor ?? tl.peak_op;
+  const step = ev.shiftKey ? 10 : 1;
+  const moves = { ArrowRight: k + step, ArrowLeft: k - step, Home: 0, End: tl.ops.length - 1, p: tl.peak_op };
+  if (ev.key in moves) {
+    ev.preventDefault();
+    moveCursor(moves[ev.key]);
+  }
+}
+
+function renderTimelineTable() {
+  const tl = state.timeline;
+  fillRows($("#timeline-table tbody"), tl ? tl.ops.map((op, k) => [
+    String(k), op, { text: group(tl.predicted_bytes[k]), attrs: { "data-bytes": tl.predicted_bytes[k] } }, roleOf(tl, k),
+  ]) : []);
+}
+
+// ---- the frontier -----------------------------------------------------------------------------
+function renderFrontierTables(fr) {
+  fillRows($("#frontier-table tbody"), fr.points.map((p) => [
+    fmtBytes(p.peak_bytes), { text: group(p.peak_bytes), attrs: { "data-bytes": p.peak_bytes } },
+    p.time_s.toPrecision(6), fmtPct(p.overhead),
+  ]));
+  fillRows($("#baselines-table tbody"), fr.baselines.map((b) => [
+    b.label, { text: group(b.peak_bytes), attrs: { "data-bytes": b.peak_bytes } }, b.time_s.toPrecision(6),
+    fmtPct(b.overhead), b.dominated ? "yes" : "no",
+  ]));
+  $("#frontier-alt").textContent = `${fr.points.length} Pareto points from ${fmtBytes(fr.least_peak_bytes)} ` +
+    `(least feasible) to ${fmtBytes(fr.store_all_peak_bytes)} (store-all), and ${fr.baselines.length} baseline points; ` +
+    "the numbers are in the tables below.";
+}
+
+const FR = { w: 860, h: 300, l: 70, r: 14, t: 14, b: 40 };
+
+function renderFrontierChart(predicted) {
+  const fr = state.frontier;
+  const svg = $("#frontier-chart");
+  svg.replaceChildren();
+  if (!fr) return;
+  const all = [...fr.points, ...fr.baselines];
+  const xmin = Math.min(...all.map((p) => p.peak_bytes)), xmax = Math.max(...all.map((p) => p.peak_bytes));
+  const ymax = Math.max(0.01, ...all.map((p) => p.overhead)) * 1.1;
+  const x = (b) => FR.l + (FR.w - FR.l - FR.r) * (xmax > xmin ? (b - xmin) / (xmax - xmin) : 0.5);
+  const y = (o) => FR.h - FR.b - (FR.h - FR.t - FR.b) * o / ymax;
+  for (let j = 0; j <= 4; j++) {
+    svg.append(el("svg:line", { x1: FR.l, x2: FR.w - FR.r, y1: y(ymax * j / 4), y2: y(ymax * j / 4), class: "grid" }));
+    svg.append(el("svg:text", { x: FR.l - 6, y: y(ymax * j / 4) + 4, "text-anchor": "end" }, fmtPct(ymax * j / 4)));
+    const b = xmin + (xmax - xmin) * j / 4;
+    svg.append(el("svg:text", { x: x(b), y: FR.h - FR.b + 16, "text-anchor": "middle" }, fmtBytes(b)));
+  }
+  let d = "";
+  fr.points.forEach((p, i) => {
+    d += i === 0 ? `M${x(p.peak_bytes)},${y(p.overhead)}` : `H${x(p.peak_bytes)}V${y(p.overhead)}`;
+  });
+  svg.append(el("svg:path", { d, class: "frontier", id: "frontier-line", "data-points": fr.points.length }));
+  for (const p of fr.points) {
+    const c = el("svg:circle", { cx: x(p.peak_bytes), cy: y(p.overhead), r: 2.5, class: "pt", "data-bytes": p.peak_bytes });
+    c.append(el("svg:title", {}, `optimal: ${fmtBytes(p.peak_bytes)}, ${fmtPct(p.overhead)}`));
+    svg.append(c);
+  }
+  for (const b of fr.baselines) {
+    const m = el("svg:rect", { x: x(b.peak_bytes) - 3.5, y: y(b.overhead) - 3.5, width: 7, height: 7,
+                               class: `b-${b.strategy} baseline`, "data-bytes": b.peak_bytes });
+    m.append(el("svg:title", {}, `${b.label}: ${fmtBytes(b.peak_bytes)}, ${fmtPct(b.overhead)}`));
+    svg.append(m);
+  }
+  const legend = [["optimal (line)", "pt"], ["store-all", "b-store-all"], ["sqrt", "b-sqrt"], ["uniform", "b-uniform"], ["heuristic", "b-heuristic"]];
+  legend.forEach(([name, cls], i) => {
+    svg.append(el("svg:rect", { x: FR.w - 150, y: FR.t + 6 + 15 * i, width: 8, height: 8, class: cls }));
+    svg.append(el("svg:text", { x: FR.w - 136, y: FR.t + 14 + 15 * i }, name));
+  });
+  svg.append(el("svg:line", { x1: FR.l, x2: FR.w - FR.r, y1: y(0), y2: y(0), class: "axis" }));
+  svg.append(el("svg:line", { x1: FR.l, x2: FR.l, y1: FR.t, y2: y(0), class: "axis" }));
+  svg.append(el("svg:text", { x: (FR.l + FR.w) / 2, y: FR.h - 6, "text-anchor": "middle" }, "activation peak (bytes above fixed memory)"));
+  if (predicted) {
+    const cur = el("svg:circle", { cx: x(predicted.peak_bytes), cy: y(predicted.overhead), r: 7, class: "current",
+                                   id: "frontier-current", "data-bytes": predicted.peak_bytes });
+    cur.append(el("svg:title", {}, `this plan: ${fmtBytes(predicted.peak_bytes)}, ${fmtPct(predicted.overhead)}`));
+    svg.append(cur);
+  }
+}
+
+// ---- sizing -----------------------------------------------------------------------------------
+async function onSizing(ev) {
+  ev.preventDefault();
+  $("#sizing-error").textContent = "";
+  const q = new URLSearchParams();
+  try {
+    for (const name of ["compute_flops", "params", "target_loss"]) {
+      const v = ev.target.elements[name].value.trim();
+      if (v) {
+        const num = Number(v);
+        if (!Number.isFinite(num)) throw new Error(`${name}: ${JSON.stringify(v)} is not a number`);
+        q.set(name, String(num));
+      }
+    }
+    const mem = ev.target.elements.memory_bytes.value.trim();
+    if (mem) q.set("memory_bytes", String(parseBytes(mem)));
+    q.set("devices", ev.target.elements.devices.value || "1");
+    if (ev.target.elements.law.value) q.set("law", ev.target.elements.law.value);
+    const out = await api(`/v1/sizing?${q}`);
+    const dl = $("#sizing-out");
+    dl.replaceChildren();
+    for (const [k, v] of Object.entries(out)) {
+      if (v === null || typeof v === "object") continue;
+      dl.append(el("dt", {}, k), el("dd", { "data-key": k }, typeof v === "number" ? v.toPrecision(5) : String(v)));
+    }
+  } catch (err) { $("#sizing-error").textContent = `sizing: ${err.message}`; }
+}
+
+// ---- jobs: list, live progress (server-sent events over fetch, so that the key is sent), cancel
+const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+
+async function refreshJobs() {
+  $("#jobs-error").textContent = "";
+  try {
+    const [runs, profiles] = await Promise.all([api("/v1/runs?limit=20"), api("/v1/profiles?limit=20")]);
+    const jobs = [...runs.items, ...profiles.items].sort((a, b) => b.created_at - a.created_at).slice(0, 20);
+    $("#jobs").replaceChildren(...jobs.map(jobItem));
+    for (const job of jobs) if (job.kind === "run" && !TERMINAL.has(job.state)) watch(job.id);
+  } catch (err) { $("#jobs-error").textContent = `jobs: ${err.message}`; }
+}
+
+function jobItem(job) {
+  const li = el("li", { id: `job-${job.id}`, "data-state": job.state });
+  li.append(el("span", { class: "id" }, `${job.kind} ${job.id.slice(0, 12)}`));
+  li.append(el("span", { class: "state" }, job.state));
+  const bar = el("progress", { max: 1, value: job.progress, "aria-label": `progress of ${job.kind} ${job.id}` });
+  li.append(bar);
+  li.append(el("span", { class: "msg" }, job.error ? job.error.message : job.message || ""));
+  if (!TERMINAL.has(job.state)) {
+    const b = el("button", { type: "button", "aria-label": `cancel ${job.kind} ${job.id}` }, "Cancel");
+    b.addEventListener("click", () => cancelJob(job));
+    li.append(b);
+  }
+  return li;
+}
+
+function updateJob(job) {
+  const old = document.getElementById(`job-${job.id}`);
+  if (old) old.replaceWith(jobItem(job));
+}
+
+async function watch(id) {
+  if (state.watching.has(id)) return;
+  state.watching.add(id);
+  try {
+    const r = await api(`/v1/runs/${encodeURIComponent(id)}/events`, { raw: true, headers: { Accept: "text/event-stream" } });
+    const reader = r.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, { stream: true });
+      let cut;
+      while ((cut = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, cut);
+        buf = buf.slice(cut + 2);
+        let event = "message", data = "";
+        for (const line of block.split("\n")) {
+          if (line.startsWith("event:")) event = line.slice(6).trim();
+          else if (line.startsWith("data:")) data += line.slice(5).trim();
+        }
+        if (!data) continue;
+        const msg = JSON.parse(data);
+        const li = document.getElementById(`job-${id}`);
+        if (event === "progress" && li) {
+          li.querySelector("progress").value = msg.progress;
+          li.querySelector(".msg").textContent = msg.message || "";
+        } else if (event === "state" && li) {
+          li.querySelector(".state").textContent = msg.state || "";
+          li.dataset.state = msg.state || li.dataset.state;
+        } else if (event === "end") {
+          updateJob(msg);
+        }
+      }
+    }
+  } catch (err) {
+    $("#jobs-error").textContent = `events of ${id}: ${err.message}`;
+  } finally {
+    state.watching.delete(id);
+  }
+}
+
+async function cancelJob(job) {
+  try {
+    updateJob(await api(`/v1/${job.kind === "run" ? "runs" : "profiles"}/${encodeURIComponent(job.id)}/cancel`, { method: "POST" }));
+  } catch (err) { $("#jobs-error").textContent = `cancel: ${err.message}`; }
+}
+
+async function onRun(ev) {
+  ev.preventDefault();
+  $("#jobs-error").textContent = "";
+  try {
+    const budget = $("#run-budget").value.trim();
+    const width = Number($("#run-width").value);
+    const body = { model: "gpt", strategy: $("#strategy").value, steps: Number($("#run-steps").value),
+                   budget_bytes: budget ? parseBytes(budget) : null,
+                   config: { n_layer: Number($("#run-layers").value), n_embd: width, n_head: Math.max(1, Math.round(width / 32)) } };
+    const job = await api("/v1/runs", { method: "POST", body });
+    await refreshJobs();
+    watch(job.id);
+  } catch (err) { $("#jobs-error").textContent = `run: ${err.message}`; }
+}
+
+// ---- start ------------------------------------------------------------------------------------
+function init() {
+  $("#example").addEventListener("change", onExample);
+  $("#upload").addEventListener("change", onUpload);
+  $("#hf-go").addEventListener("click", onHfConfig);
+  $("#budget-range").addEventListener("input", onSlider);
+  $("#budget-text").addEventListener("change", onBudgetText);
+  $("#budget-text").addEventListener("keydown", (ev) => { if (ev.key === "Enter") onBudgetText(); });
+  $("#strategy").addEventListener("change", schedulePlan);
+  const chart = $("#timeline-chart");
+  chart.addEventListener("pointermove", onTimelinePointer);
+  chart.addEventListener("keydown", onTimelineKey);
+  $("#sizing-form").addEventListener("submit", onSizing);
+  $("#run-form").addEventListener("submit", onRun);
+  $("#jobs-refresh").addEventListener("click", refreshJobs);
+  loadExamples()
+    .then(() => { document.body.dataset.ready = "1"; })
+    .catch((err) => status(`examples: ${err.message}`));
+  refreshJobs();
+}
+
+document.addEventListener("DOMContentLoaded", init);
