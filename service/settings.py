@@ -40,6 +40,18 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="a worker silent this long counts as dead (readyz: 503)"
     )
     job_timeout_s: float = Field(default=6 * 3600, gt=0, description="a job running longer fails")
+    # the limits a job is admitted against (service/jobs/admission.py) and held to (the worker)
+    job_max_bytes: int | None = Field(
+        default=None, ge=1 << 20,
+        description="bytes one job may use: its estimate above this is refused (422) and its "
+        "process above this is stopped (out-of-memory); default: 80% of the physical memory",
+    )
+    job_cpu_flops_per_s: float = Field(
+        default=1e12, gt=0, description="throughput a job's time is estimated at on a CPU (optimistic)"
+    )
+    job_gpu_flops_per_s: float = Field(
+        default=2e15, gt=0, description="throughput a job's time is estimated at on a GPU (optimistic)"
+    )
     cancel_grace_s: float = Field(
         default=5.0, ge=0, description="after SIGTERM, seconds before a cancelled job is killed"
     )

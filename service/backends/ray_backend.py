@@ -100,8 +100,11 @@ def execute(path: str, request: dict[str, Any], *, job_id: str = "", device: str
         return {"state": "failed", "error": {"type": "invalid-input", "detail": str(err)}}
     except ImportError as err:
         return {"state": "failed", "error": {"type": "unavailable", "detail": f"not available in this build: {err}"}}
-    except Exception as err:  # noqa: BLE001 - a job's bug must end as a failed job
-        return {"state": "failed", "error": {"type": "internal", "detail": f"{type(err).__name__}: {err}"}}
+    except (Exception, MemoryError) as err:  # noqa: BLE001 - a job's bug must end as a failed job
+        from memplan.service.jobs.runner import is_out_of_memory
+
+        kind = "out-of-memory" if is_out_of_memory(err) else "internal"
+        return {"state": "failed", "error": {"type": kind, "detail": f"{type(err).__name__}: {err}"}}
 
 
 _REMOTE: dict[str, Any] = {}
@@ -192,7 +195,7 @@ class RayBackend(Worker, RunBackend):
         finally:
             for job_id, fl in list(self._flights.items()):
                 ray.cancel(fl.ref, force=True)
-                self.store.requeue(job_id, message="re-queued: the worker stopped")
+                self.store.requeue(job_id, message="re-queued: the worker stopped", lease=fl.job.lease)
             self._flights.clear()
         return 0
 
@@ -263,7 +266,8 @@ class RayBackend(Worker, RunBackend):
                         job_id, message=f"retried by Ray (start {fl.starts}) after its worker "
                         f"process died: {where}")
             elif kind == "progress":
-                self.store.progress(job_id, data.get("progress", 0.0), data.get("message", ""))
+                self.store.progress(job_id, data.get("progress", 0.0), data.get("message", ""),
+                                    lease=fl.job.lease)
             else:
                 self.store.log_event(job_id, kind, data)
 
@@ -287,14 +291,16 @@ class RayBackend(Worker, RunBackend):
                 out = ray.get(fl.ref)
             except Exception as err:  # noqa: BLE001 - Ray's errors: crashed worker, lost node, cancel
                 detail = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
-                self.store.finish(job_id, JobState.failed, message="crashed", error={
+                self.store.finish(job_id, JobState.failed, message="crashed", lease=fl.job.lease, error={
                     "type": "crashed",
                     "detail": f"its Ray task failed after {max(fl.starts, 1)} start(s): {detail}"})
                 continue
             if out["state"] == "succeeded":
-                self.store.finish(job_id, JobState.succeeded, result=out["result"], message="done")
+                self.store.finish(job_id, JobState.succeeded, result=out["result"], message="done",
+                                  lease=fl.job.lease)
             else:
-                self.store.finish(job_id, JobState.failed, error=out["error"], message="failed")
+                self.store.finish(job_id, JobState.failed, error=out["error"], message="failed",
+                                  lease=fl.job.lease)
 
     def _watch(self) -> None:
         """Cancel requests, job timeouts, and tasks that ask for more than the cluster has."""
@@ -309,13 +315,14 @@ class RayBackend(Worker, RunBackend):
             if current.cancel_requested:
                 ray.cancel(fl.ref, force=True)
                 del self._flights[job_id]
-                self.store.finish(job_id, JobState.cancelled, message="cancelled")
+                self.store.finish(job_id, JobState.cancelled, message="cancelled", lease=fl.job.lease)
                 continue
-            if fl.started is not None and now - fl.started > self.settings.job_timeout_s:
+            limit_s = self._time_limit_s(fl.job)
+            if fl.started is not None and now - fl.started > limit_s:
                 ray.cancel(fl.ref, force=True)
                 del self._flights[job_id]
-                self.store.finish(job_id, JobState.failed, message="timed out", error={
-                    "type": "timeout", "detail": f"ran past job_timeout_s={self.settings.job_timeout_s:g}"})
+                self.store.finish(job_id, JobState.failed, message="timed out", lease=fl.job.lease, error={
+                    "type": "timeout", "detail": f"ran past its time limit of {limit_s:g} s"})
                 continue
             if fl.started is None and now - fl.submitted > self.settings.ray_pending_timeout_s:
                 total = ray.cluster_resources()
@@ -326,7 +333,7 @@ class RayBackend(Worker, RunBackend):
                     ray.cancel(fl.ref, force=True)
                     del self._flights[job_id]
                     have = ", ".join(f"{h:g} {k.removeprefix('num_').upper().rstrip('S')}" for k, _, h in short)
-                    self.store.finish(job_id, JobState.failed, message="unavailable", error={
+                    self.store.finish(job_id, JobState.failed, message="unavailable", lease=fl.job.lease, error={
                         "type": "unavailable",
                         "detail": f"it asks for {_resources_text(fl.resources)} per task, but the Ray "
                         f"cluster at {self.settings.ray_address} has {have} in total; it waited "

@@ -18,13 +18,13 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 __all__ = [
     "Job",
@@ -74,6 +74,13 @@ class Job(BaseModel):
     request: dict[str, Any] = Field(description="the accepted request body")
     result: dict[str, Any] | None = Field(default=None, description="the library's result, as JSON")
     error: JobError | None = None
+    _lease: str | None = PrivateAttr(default=None)
+
+    @property
+    def lease(self) -> str | None:
+        """The attempt token of the current start (None unless running). Worker side only: it is
+        never serialized; see NOTE [ Fencing a job's execution ] in JobStore."""
+        return self._lease
 
 
 class JobEvent(BaseModel):
@@ -117,7 +124,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     idempotency_key TEXT,
     body_hash TEXT,
     worker_id TEXT,
-    runner_pid INTEGER
+    runner_pid INTEGER,
+    lease TEXT,
+    runner_start INTEGER
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(kind, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
@@ -147,8 +156,12 @@ def body_hash(body: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+# columns added after the first release; `JobStore` adds them to an older store on open
+_ADDED_COLUMNS = {"lease": "TEXT", "runner_start": "INTEGER"}
+
+
 def _row_to_job(row: sqlite3.Row) -> Job:
-    return Job(
+    job = Job(
         id=row["id"],
         kind=row["kind"],
         state=JobState(row["state"]),
@@ -163,10 +176,22 @@ def _row_to_job(row: sqlite3.Row) -> Job:
         result=json.loads(row["result"]) if row["result"] is not None else None,
         error=json.loads(row["error"]) if row["error"] is not None else None,
     )
+    job._lease = row["lease"]
+    return job
 
 
 class JobStore:
-    """One process's handle on the store. Thread-safe (a connection per thread)."""
+    """One process's handle on the store. Thread-safe (a connection per thread).
+
+    NOTE [ Fencing a job's execution ]
+    Each start of a job (`claim`) draws a new random `lease` (an attempt token); re-queueing,
+    recovering or finishing the job clears it. Everything a runner writes (progress, log events,
+    its runner pid, its outcome) carries its lease and is applied only while the job is running
+    under that same lease, in the same transaction as the check. A runner that outlived its worker
+    (an orphan) and whose job was recovered and started again therefore cannot write past the
+    new start: its writes change nothing, and its watchdog, seeing the lease gone, ends it. Writes
+    without a lease (the API's, the Ray driver's) keep the old rule: the job must be running.
+    """
 
     def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 30.0) -> None:
         self.path = Path(path)
@@ -174,6 +199,7 @@ class JobStore:
         self._timeout_s = timeout_s
         self._local = threading.local()
         self._conn().executescript(_SCHEMA)  # idempotent; executescript commits by itself
+        self._migrate()
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -192,6 +218,13 @@ class JobStore:
             self._local.conn = conn
             self._local.pid = os.getpid()
         return conn
+
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            have = {r["name"] for r in db.execute("PRAGMA table_info(jobs)").fetchall()}
+            for name, decl in _ADDED_COLUMNS.items():
+                if name not in have:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
 
     @contextmanager
     def _tx(self, *, immediate: bool = True) -> Iterator[sqlite3.Connection]:
@@ -256,16 +289,48 @@ class JobStore:
                 ).fetchone()[0]
                 if depth >= max_depth:
                     raise QueueFull(depth, self._retry_after(db, depth))
-            job_id = uuid.uuid4().hex
-            now = time.time()
-            db.execute(
-                "INSERT INTO jobs (id, kind, state, created_at, request, idempotency_key, body_hash)"
-                " VALUES (?, ?, 'queued', ?, ?, ?, ?)",
-                (job_id, kind, now, json.dumps(request), idempotency_key, digest),
-            )
-            self._event(db, job_id, "state", {"state": "queued"})
+            job_id = self._insert(db, kind, request, idempotency_key, digest)
             row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _row_to_job(row), True
+
+    def _insert(
+        self, db: sqlite3.Connection, kind: str, request: dict[str, Any], key: str | None, digest: str
+    ) -> str:
+        job_id = uuid.uuid4().hex
+        db.execute(
+            "INSERT INTO jobs (id, kind, state, created_at, request, idempotency_key, body_hash)"
+            " VALUES (?, ?, 'queued', ?, ?, ?, ?)",
+            (job_id, kind, time.time(), json.dumps(request), key, digest),
+        )
+        self._event(db, job_id, "state", {"state": "queued"})
+        return job_id
+
+    def submit_many(
+        self,
+        kind: str,
+        requests: list[dict[str, Any]],
+        *,
+        max_depth: int | None = None,
+        then: Callable[[sqlite3.Connection, list[str]], None] | None = None,
+    ) -> list[str]:
+        """Accept every request as a job of `kind`, or none: returns their ids, in order. Raises
+        `QueueFull` when they would take the unfinished jobs past `max_depth`.
+
+        NOTE [ One transaction for the room check and the inserts ]
+        The count of unfinished jobs, the inserts and `then(db, ids)` (a row that names the jobs,
+        such as a sweep's) run in one BEGIN IMMEDIATE transaction, which holds SQLite's write lock
+        from the count on: two callers cannot both see room for their jobs and then both insert."""
+        with self._tx() as db:
+            if max_depth is not None:
+                depth = db.execute(
+                    "SELECT COUNT(*) FROM jobs WHERE state IN ('queued', 'running')"
+                ).fetchone()[0]
+                if depth + len(requests) > max_depth:
+                    raise QueueFull(depth, self._retry_after(db, depth))
+            ids = [self._insert(db, kind, req, None, body_hash(req)) for req in requests]
+            if then is not None:
+                then(db, ids)
+        return ids
 
     @staticmethod
     def _retry_after(db: sqlite3.Connection, depth: int) -> int:
@@ -335,7 +400,8 @@ class JobStore:
     # -- worker side -----------------------------------------------------------------------------
 
     def claim(self, worker_id: str) -> Job | None:
-        """Move the oldest queued job to running for `worker_id`; None when the queue is empty."""
+        """Move the oldest queued job to running for `worker_id` under a new lease (`Job.lease`);
+        None when the queue is empty."""
         with self._tx() as db:
             row = db.execute(
                 "SELECT id FROM jobs WHERE state = 'queued' ORDER BY created_at, id LIMIT 1"
@@ -345,27 +411,68 @@ class JobStore:
             now = time.time()
             db.execute(
                 "UPDATE jobs SET state = 'running', started_at = ?, attempts = attempts + 1,"
-                " worker_id = ?, progress = 0, message = 'started' WHERE id = ?",
-                (now, worker_id, row["id"]),
+                " worker_id = ?, progress = 0, message = 'started', lease = ?, runner_pid = NULL,"
+                " runner_start = NULL WHERE id = ?",
+                (now, worker_id, uuid.uuid4().hex, row["id"]),
             )
             self._event(db, row["id"], "state", {"state": "running"})
             out = db.execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone()
         return _row_to_job(out)
 
-    def set_runner(self, job_id: str, pid: int | None) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE jobs SET runner_pid = ? WHERE id = ?", (pid, job_id))
+    @staticmethod
+    def _fence(lease: str | None) -> tuple[str, tuple[Any, ...]]:
+        """The WHERE clause (and its arguments) a write to a running job adds for `lease`."""
+        return (" AND lease = ?", (lease,)) if lease is not None else ("", ())
 
-    def progress(self, job_id: str, fraction: float, message: str = "") -> None:
-        """Record progress of a running job (fraction clipped to 0..1) and log it as an event."""
-        fraction = min(1.0, max(0.0, float(fraction))) if fraction == fraction else 0.0
+    def set_runner(
+        self, job_id: str, pid: int | None, *, lease: str | None = None, start_ticks: int | None = None
+    ) -> bool:
+        """Record the process running the job (its pid and start time, in clock ticks since boot,
+        which with the pid names one process even after the pid is reused). False when the job is
+        not running under `lease` any more."""
+        fence, args = self._fence(lease)
         with self._tx() as db:
             cur = db.execute(
-                "UPDATE jobs SET progress = ?, message = ? WHERE id = ? AND state = 'running'",
-                (fraction, message, job_id),
+                "UPDATE jobs SET runner_pid = ?, runner_start = ? WHERE id = ? AND state = 'running'"
+                + fence,
+                (pid, start_ticks, job_id, *args),
+            )
+            return bool(cur.rowcount)
+
+    def runners(self, *, exclude_worker: str | None = None) -> list[dict[str, Any]]:
+        """The running jobs' recorded runner processes ({'job_id', 'pid', 'start_ticks', 'lease'}),
+        leaving out those of `exclude_worker`: what a worker taking over must stop first."""
+        rows = self._conn().execute(
+            "SELECT id, runner_pid, runner_start, lease FROM jobs WHERE state = 'running'"
+            " AND runner_pid IS NOT NULL AND (worker_id IS NULL OR worker_id != ?)",
+            (exclude_worker or "",),
+        ).fetchall()
+        return [{"job_id": r["id"], "pid": r["runner_pid"], "start_ticks": r["runner_start"],
+                 "lease": r["lease"]} for r in rows]
+
+    def lease_state(self, job_id: str) -> tuple[str | None, str | None, bool]:
+        """(state, lease, cancel_requested) of a job, read in one statement; (None, None, False)
+        for an unknown job. A runner's watchdog polls it."""
+        row = self._conn().execute(
+            "SELECT state, lease, cancel_requested FROM jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        if row is None:
+            return None, None, False
+        return row["state"], row["lease"], bool(row["cancel_requested"])
+
+    def progress(self, job_id: str, fraction: float, message: str = "", *, lease: str | None = None) -> bool:
+        """Record progress of a running job (fraction clipped to 0..1) and log it as an event.
+        False (nothing written) when the job is not running under `lease` any more."""
+        fraction = min(1.0, max(0.0, float(fraction))) if fraction == fraction else 0.0
+        fence, args = self._fence(lease)
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE jobs SET progress = ?, message = ? WHERE id = ? AND state = 'running'" + fence,
+                (fraction, message, job_id, *args),
             )
             if cur.rowcount:
                 self._event(db, job_id, "progress", {"progress": fraction, "message": message})
+            return bool(cur.rowcount)
 
     def finish(
         self,
@@ -375,14 +482,17 @@ class JobStore:
         result: dict[str, Any] | None = None,
         error: dict[str, str] | None = None,
         message: str = "",
+        lease: str | None = None,
     ) -> bool:
-        """Move a running job to a final state; False if it was not running any more."""
+        """Move a running job to a final state; False if it was not running any more (or, with a
+        `lease`, not under that lease: NOTE [ Fencing a job's execution ])."""
         state = JobState(state)
+        fence, args = self._fence(lease)
         with self._tx() as db:
             cur = db.execute(
                 "UPDATE jobs SET state = ?, result = ?, error = ?, finished_at = ?, message = ?,"
-                " progress = CASE WHEN ? = 'succeeded' THEN 1 ELSE progress END, runner_pid = NULL"
-                " WHERE id = ? AND state = 'running'",
+                " progress = CASE WHEN ? = 'succeeded' THEN 1 ELSE progress END, runner_pid = NULL,"
+                " runner_start = NULL, lease = NULL WHERE id = ? AND state = 'running'" + fence,
                 (
                     state.value,
                     json.dumps(result) if result is not None else None,
@@ -391,6 +501,7 @@ class JobStore:
                     message or state.value,
                     state.value,
                     job_id,
+                    *args,
                 ),
             )
             if cur.rowcount:
@@ -402,7 +513,8 @@ class JobStore:
 
     def recover(self, worker_id: str, *, max_attempts: int) -> list[str]:
         """After a worker (re)start holding the worker lock: every job left running by a dead worker
-        goes back to the queue, or fails when it has had `max_attempts` starts. Returns their ids."""
+        goes back to the queue, or fails when it has had `max_attempts` starts; its lease ends, so
+        a runner still alive from that start can write nothing more. Returns their ids."""
         out: list[str] = []
         with self._tx() as db:
             rows = db.execute(
@@ -416,6 +528,7 @@ class JobStore:
                 if row["cancel_requested"]:
                     db.execute(
                         "UPDATE jobs SET state = 'cancelled', finished_at = ?, runner_pid = NULL,"
+                        " runner_start = NULL, lease = NULL,"
                         " message = 'cancelled (its worker stopped)' WHERE id = ?",
                         (now, row["id"]),
                     )
@@ -427,14 +540,15 @@ class JobStore:
                     }
                     db.execute(
                         "UPDATE jobs SET state = 'failed', finished_at = ?, error = ?,"
-                        " runner_pid = NULL, message = 'failed' WHERE id = ?",
+                        " runner_pid = NULL, runner_start = NULL, lease = NULL, message = 'failed'"
+                        " WHERE id = ?",
                         (now, json.dumps(err), row["id"]),
                     )
                     self._event(db, row["id"], "state", {"state": "failed", "error": err})
                 else:
                     db.execute(
                         "UPDATE jobs SET state = 'queued', started_at = NULL, runner_pid = NULL,"
-                        " worker_id = NULL, progress = 0,"
+                        " runner_start = NULL, lease = NULL, worker_id = NULL, progress = 0,"
                         " message = 're-queued: its worker stopped mid-run' WHERE id = ?",
                         (row["id"],),
                     )
@@ -443,14 +557,16 @@ class JobStore:
             log.warning("recovered %d job(s) left running by a dead worker: %s", len(out), out)
         return out
 
-    def requeue(self, job_id: str, *, message: str) -> bool:
+    def requeue(self, job_id: str, *, message: str, lease: str | None = None) -> bool:
         """Give a running job back to the queue without counting the start (a worker stopping)."""
+        fence, args = self._fence(lease)
         with self._tx() as db:
             cur = db.execute(
                 "UPDATE jobs SET state = 'queued', started_at = NULL, runner_pid = NULL,"
-                " worker_id = NULL, progress = 0, attempts = MAX(attempts - 1, 0), message = ?"
-                " WHERE id = ? AND state = 'running'",
-                (message, job_id),
+                " runner_start = NULL, lease = NULL, worker_id = NULL, progress = 0,"
+                " attempts = MAX(attempts - 1, 0), message = ? WHERE id = ? AND state = 'running'"
+                + fence,
+                (message, job_id, *args),
             )
             if cur.rowcount:
                 self._event(db, job_id, "state", {"state": "queued", "requeued": True})
@@ -509,9 +625,18 @@ class JobStore:
             (job_id, time.time(), kind, json.dumps(data)),
         )
 
-    def log_event(self, job_id: str, kind: str, data: dict[str, Any]) -> None:
+    def log_event(self, job_id: str, kind: str, data: dict[str, Any], *, lease: str | None = None) -> bool:
+        """Append an event to the job's log. With a `lease`, only while the job is running under
+        it (a runner's lines); returns whether it was written."""
         with self._tx() as db:
+            if lease is not None:
+                row = db.execute(
+                    "SELECT 1 FROM jobs WHERE id = ? AND state = 'running' AND lease = ?", (job_id, lease)
+                ).fetchone()
+                if row is None:
+                    return False
             self._event(db, job_id, kind, data)
+            return True
 
     def events(self, job_id: str, *, after: int = 0, limit: int = 500) -> list[JobEvent]:
         """A job's events with seq > `after`, oldest first."""

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from memplan.service.settings import Settings
 
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 class WorkerSupervisor:
     """Keeps one worker process alive beside the API (restarts with a growing back-off, at most
-    10 s). The worker is started from this object's own thread, which lives as long as the API:
+    10 s, back to 0.5 s after a worker that lived 10 s or more). The worker is started from this object's own thread, which lives as long as the API:
     the worker's parent-death signal is tied to that thread."""
 
     def __init__(self, settings: Settings) -> None:
@@ -42,6 +43,7 @@ class WorkerSupervisor:
         backoff = 0.5
         while not self._stop.is_set():
             self.proc = self._spawn()
+            born = time.monotonic()
             log.info("worker started (pid %d)", self.proc.pid)
             while self.proc.poll() is None and not self._stop.is_set():
                 self._stop.wait(0.5)
@@ -49,6 +51,8 @@ class WorkerSupervisor:
                 break
             rc = self.proc.returncode
             self.restarts += 1
+            if time.monotonic() - born >= 10.0:
+                backoff = 0.5  # it had served a while: a new failure, not a crash loop
             log.warning("worker (pid %d) exited with %s; restarting in %.1f s", self.proc.pid, rc, backoff)
             self._stop.wait(backoff)
             backoff = min(10.0, backoff * 2)

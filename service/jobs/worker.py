@@ -24,7 +24,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from memplan.service.jobs._proc import die_with_parent
+from memplan.service.jobs._proc import (
+    cmdline,
+    die_with_parent,
+    spawn_with_parent_death,
+    start_ticks,
+)
 from memplan.service.jobs.store import Job, JobState, JobStore
 from memplan.service.settings import Settings
 
@@ -55,8 +60,9 @@ def probe_device(timeout_s: float = 120.0) -> dict[str, Any]:
     """The device jobs will run on, probed in a throwaway process (so that no CUDA context, and no
     device memory, is ever held by the worker itself)."""
     try:
-        out = subprocess.run(
-            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s, check=False
+        out = subprocess.run(  # noqa: S603 - our own interpreter
+            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s, check=False,
+            preexec_fn=spawn_with_parent_death(os.getpid()),  # noqa: PLW1509 - it goes with its worker
         )
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, json.JSONDecodeError, IndexError, OSError) as err:
@@ -125,6 +131,7 @@ class Worker:
         if not self._acquire_lock():
             return 0
         log.info("worker %s holds %s", self.id, self.settings.db_path)
+        self._stop_orphans()
         self.store.recover(self.id, max_attempts=self.settings.max_attempts)
         threading.Thread(target=self._probe, name="device-probe", daemon=True).start()
         self._beat(force=True)
@@ -140,21 +147,66 @@ class Worker:
             self._run(job)
         return 0
 
+    def _stop_orphans(self) -> list[int]:
+        """Before re-queueing what a dead worker left running: SIGKILL the process group of each
+        of its runners still alive on this machine (one that outlived its worker: no prctl, or
+        started by an older worker), so that no start of a job overlaps the next. A process counts
+        as that runner only if its pid, its start time and its command line (the job's id) all
+        match what the store recorded, so a reused pid is never killed. Returns the pids killed."""
+        killed = []
+        for r in self.store.runners(exclude_worker=self.id):
+            pid = int(r["pid"])
+            args = cmdline(pid)
+            if r["job_id"] not in args or not any(a.endswith("memplan.service.jobs.runner") for a in args):
+                continue
+            if r["start_ticks"] is not None and start_ticks(pid) != r["start_ticks"]:
+                continue
+            log.warning("job %s: its runner (pid %d) outlived its worker; killing it", r["job_id"], pid)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        deadline = time.monotonic() + 10
+        for pid in killed:  # not our children: poll until each is gone
+            while start_ticks(pid) is not None and _zombie_or_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return killed
+
     # -- one job -----------------------------------------------------------------------------------
 
+    def _time_limit_s(self, job: Job) -> float:
+        """The job's time limit: its own `timeout_s` when it set one (below the global), else
+        `job_timeout_s`."""
+        asked = job.request.get("timeout_s")
+        limit = self.settings.job_timeout_s
+        return min(limit, float(asked)) if isinstance(asked, (int, float)) and asked > 0 else limit
+
     def _run(self, job: Job) -> None:
+        from memplan.service.jobs.admission import job_memory_limit
+
         log.info("job %s (%s): start, attempt %d", job.id, job.kind, job.attempts)
+        cmd = [sys.executable, "-m", "memplan.service.jobs.runner", str(self.settings.db_path), job.id,
+               "--parent", str(os.getpid())]
+        if job.lease is not None:
+            cmd += ["--lease", job.lease]
         proc = subprocess.Popen(  # noqa: S603 - our own module, our own interpreter
-            [sys.executable, "-m", "memplan.service.jobs.runner", str(self.settings.db_path), job.id],
+            cmd,
             start_new_session=True,  # its own process group: a cancel reaches its children too
+            # NOTE [ A runner dies with its worker from its first instruction ] (_proc.py)
+            preexec_fn=spawn_with_parent_death(os.getpid()),  # noqa: PLW1509 - only prctl and getppid
         )
-        self.store.set_runner(job.id, proc.pid)
-        deadline = time.monotonic() + self.settings.job_timeout_s
+        self.store.set_runner(job.id, proc.pid, lease=job.lease, start_ticks=start_ticks(proc.pid))
+        limit_s = self._time_limit_s(job)
+        deadline = time.monotonic() + limit_s
+        max_rss = job_memory_limit(self.settings)
         outcome: tuple[JobState, dict[str, str] | None, str] | None = None
         while proc.poll() is None:
             self._beat()
             current = self.store.get(job.id)
-            if current is None or current.state is not JobState.running:
+            if current is None or current.state is not JobState.running or current.lease != job.lease:
                 # finished by the runner a moment ago; let it exit
                 try:
                     proc.wait(timeout=self.settings.cancel_grace_s + 5)
@@ -167,16 +219,28 @@ class Worker:
                 break
             if time.monotonic() > deadline:
                 self._kill(proc, grace_s=self.settings.cancel_grace_s)
+                which = "its timeout_s" if limit_s < self.settings.job_timeout_s else "job_timeout_s"
                 outcome = (
                     JobState.failed,
-                    {"type": "timeout", "detail": f"ran past job_timeout_s={self.settings.job_timeout_s:g}"},
+                    {"type": "timeout", "detail": f"ran past {which}={limit_s:g} s"},
                     "timed out",
+                )
+                break
+            rss = _rss_bytes(proc.pid)
+            if max_rss is not None and rss is not None and rss > max_rss:
+                self._kill(proc, grace_s=0)
+                outcome = (
+                    JobState.failed,
+                    {"type": "out-of-memory",
+                     "detail": f"its process held {rss:,} bytes, over the job memory limit of {max_rss:,} "
+                               "(MEMPLAN_JOB_MAX_BYTES); ask for a smaller model or batch"},
+                    "out of memory",
                 )
                 break
             if self._stopping or self._parent_gone():
                 # shutting down: stop the job and give it back to the queue for the next worker
                 self._kill(proc, grace_s=min(2.0, self.settings.cancel_grace_s))
-                self.store.requeue(job.id, message="re-queued: the worker stopped")
+                self.store.requeue(job.id, message="re-queued: the worker stopped", lease=job.lease)
                 return
             time.sleep(0.1)
         rc = proc.wait()
@@ -189,7 +253,7 @@ class Worker:
                 why = f"its process exited with code {rc} before recording a result"
             outcome = (JobState.failed, {"type": "crashed", "detail": why}, "crashed")
         # no-op when the runner recorded its own outcome first
-        if self.store.finish(job.id, outcome[0], error=outcome[1], message=outcome[2]):
+        if self.store.finish(job.id, outcome[0], error=outcome[1], message=outcome[2], lease=job.lease):
             log.warning("job %s: %s", job.id, outcome[2])
         log.info("job %s: end", job.id)
 
@@ -207,6 +271,26 @@ class Worker:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+def _rss_bytes(pid: int) -> int | None:
+    """Resident bytes of process `pid` (/proc/PID/statm), None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _zombie_or_alive(pid: int) -> bool:
+    """True while /proc still lists `pid` in a state other than zombie (an orphan killed by us is
+    reaped by init; until then it is a zombie, which holds no memory)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
 
 
 def main(argv: list[str] | None = None) -> int:

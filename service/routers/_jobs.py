@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
+from memplan.service.jobs.admission import AdmissionError, admit
 from memplan.service.jobs.store import (
     TERMINAL_STATES,
     IdempotencyConflict,
@@ -24,7 +26,8 @@ from memplan.service.problems import FieldError, ProblemError
 from memplan.service.settings import Settings
 from pydantic import BaseModel, Field
 
-__all__ = ["JobList", "submit", "get_or_404", "list_jobs", "cancel", "stream_events", "MAX_WAIT_S"]
+__all__ = ["JobList", "submit", "check_admission", "get_or_404", "list_jobs", "cancel", "stream_events",
+           "MAX_WAIT_S"]
 
 MAX_WAIT_S = 60.0
 _WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
@@ -65,6 +68,22 @@ def _job_response(job: Job, *, location: str, created: bool, waited: bool) -> JS
     return JSONResponse(job.model_dump(mode="json"), status_code=status, headers=headers)
 
 
+def check_admission(kind: str, request: dict[str, Any], store: JobStore, settings: Settings, *,
+                    model_prefix: str = "body") -> None:
+    """`admission.admit` for a job of `kind` with the server's job function, its refusals as 422
+    problems naming the field (NOTE [ The estimate of a job ] in admission.py)."""
+    from memplan.service.backends import job_function
+
+    worker = store.live_worker(stale_s=max(settings.worker_stale_s, 3600.0))
+    try:
+        admit(kind, request, settings, job_path=job_function(kind, settings),
+              worker_device=(worker or {}).get("device"), model_prefix=model_prefix)
+    except AdmissionError as err:
+        raise ProblemError(
+            422, str(err), kind=err.kind, errors=[FieldError(field=err.field, message=err.message)]
+        ) from None
+
+
 async def submit(
     *,
     kind: str,
@@ -85,6 +104,7 @@ async def submit(
             errors=[FieldError(field="header.Idempotency-Key", message="1 to 255 characters")],
         )
     request = body.model_dump(mode="json")
+    await run_in_threadpool(check_admission, kind, request, store, settings)
     try:
         job, created = store.submit(
             kind, request, idempotency_key=idempotency_key, max_depth=settings.max_queue_depth

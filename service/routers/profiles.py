@@ -36,7 +36,9 @@ class ProfileRequest(BaseModel):
 
     model: str = Field(default="gpt", min_length=1, max_length=64, description="built-in model family")
     config: dict[str, OptionValue] = Field(
-        default_factory=dict, description="the family's config fields (e.g. n_layer, d_model)"
+        default_factory=dict, description="the family's config fields (gpt: GPTConfig's, e.g. n_layer, n_embd, "
+        "n_head, block_size, batch_size, dtype; conv: ConvConfig's), checked at submission against their "
+        "bounds and the job's estimated memory and time against the server's limits: 422 naming the field"
     )
     analytic: bool = Field(default=False, description="derive from shapes instead of measuring")
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
@@ -45,6 +47,10 @@ class ProfileRequest(BaseModel):
     timing: Literal["chain", "stage"] = Field(
         default="chain", description="chain: stages timed inside passes over the whole chain; stage: each alone")
     device: str | None = Field(default=None, max_length=32, description="null: the server's device")
+    timeout_s: float | None = Field(
+        default=None, gt=0, le=30 * 86400,
+        description="this job's time limit, seconds; at most the server's job_timeout_s (null: that)",
+    )
 
 
 @router.post(

@@ -39,8 +39,10 @@ class RunRequest(BaseModel):
 
     model: str = Field(default="gpt", min_length=1, max_length=64, description="built-in model family")
     config: dict[str, OptionValue] = Field(
-        default_factory=dict, description="the model's settings of executor.pipeline.RunSpec (n_layer, n_embd, n_head, "
-        "block_size, vocab_size, batch_size, dropout, repeats)"
+        default_factory=dict, description="the model's settings of executor.pipeline.RunSpec (gpt: n_layer, n_embd, "
+        "n_head, block_size, vocab_size, batch_size, dropout, repeats; conv: n_layer, batch_size, repeats), "
+        "checked at submission against their bounds (docs/service.md) and the job's estimated memory "
+        "and time against the server's limits: 422 naming the field"
     )
     budget_bytes: int | None = Field(default=None, ge=0, description="activation budget, bytes")
     strategy: StrategyName | None = Field(default=None, description="null: the planner's default")  # type: ignore[valid-type]
@@ -51,6 +53,10 @@ class RunRequest(BaseModel):
     autocast_dtype: Literal["bfloat16", "float16"] | None = None
     device: str | None = Field(
         default=None, max_length=32, description="'cpu' or 'cuda[:i]'; null: the server's device"
+    )
+    timeout_s: float | None = Field(
+        default=None, gt=0, le=30 * 86400,
+        description="this job's time limit, seconds; at most the server's job_timeout_s (null: that)",
     )
 
 

@@ -20,8 +20,10 @@ from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse, Response
 from memplan.executor.sweep import SweepReport, SweepSpec
 from memplan.service.deps import SettingsDep, StoreDep, body_openapi, json_body, require_api_key
-from memplan.service.jobs.store import TERMINAL_STATES, JobState, JobStore
+from memplan.service.jobs.store import TERMINAL_STATES, JobState, JobStore, QueueFull
 from memplan.service.problems import ProblemError, call_library, problem_responses
+from memplan.service.routers._jobs import check_admission
+from memplan.service.settings import Settings
 from pydantic import BaseModel, Field
 
 __all__ = ["router", "Sweep"]
@@ -108,6 +110,14 @@ def _view(store: JobStore, row: sqlite3.Row) -> Sweep:
     )
 
 
+def _admit_cells(body: SweepSpec, reqs: list[dict[str, Any]], store: JobStore, settings: Settings) -> None:
+    """Each model of the grid checked once (its config's bounds, its estimated memory and time,
+    as a run's: `_jobs.check_admission`), with the fields named as in the sweep's body."""
+    per_model = len(reqs) // len(body.models)  # cells() walks the models outermost
+    for k in range(len(body.models)):
+        check_admission("sweep-cell", reqs[k * per_model], store, settings, model_prefix=f"body.models.{k}")
+
+
 @router.post(
     "",
     status_code=202,
@@ -127,20 +137,23 @@ def create_sweep(
     from memplan.executor.sweep import cells
 
     reqs = call_library(cells, body)
-    room = settings.max_queue_depth - store.depth()
-    if len(reqs) > room:
-        raise ProblemError(
-            429, f"the sweep has {len(reqs)} cells but the queue has room for {max(room, 0)} "
-            f"(MEMPLAN_MAX_QUEUE_DEPTH={settings.max_queue_depth}); wait, or split the sweep",
-            kind="queue-full", headers={"Retry-After": "5"})
-    ids = [store.submit("sweep-cell", req)[0].id for req in reqs]
+    _admit_cells(body, reqs, store, settings)
     sweep_id = uuid.uuid4().hex
-    conn = _db(store)
+
+    def record(db: sqlite3.Connection, ids: list[str]) -> None:
+        db.execute("INSERT INTO sweeps (id, created_at, request, cells, jobs) VALUES (?, ?, ?, ?, ?)",
+                   (sweep_id, time.time(), body.model_dump_json(), json.dumps(reqs), json.dumps(ids)))
+
+    _db(store).close()  # the sweeps table, before the transaction
     try:
-        conn.execute("INSERT INTO sweeps (id, created_at, request, cells, jobs) VALUES (?, ?, ?, ?, ?)",
-                     (sweep_id, time.time(), body.model_dump_json(), json.dumps(reqs), json.dumps(ids)))
-    finally:
-        conn.close()
+        # NOTE [ One transaction for the room check and the inserts ] (store.py)
+        store.submit_many("sweep-cell", reqs, max_depth=settings.max_queue_depth, then=record)
+    except QueueFull as full:
+        room = max(settings.max_queue_depth - full.depth, 0)
+        raise ProblemError(
+            429, f"the sweep has {len(reqs)} cells but the queue has room for {room} "
+            f"(MEMPLAN_MAX_QUEUE_DEPTH={settings.max_queue_depth}); wait, or split the sweep",
+            kind="queue-full", headers={"Retry-After": str(full.retry_after_s)}) from None
     view = _view(store, _load(store, sweep_id))
     return JSONResponse(view.model_dump(mode="json"), status_code=202,
                         headers={"Location": f"/v1/sweeps/{sweep_id}", "Retry-After": "1"})

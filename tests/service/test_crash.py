@@ -15,7 +15,7 @@ from tests.service.server import Server, wait_for
 
 
 def _submit(c: httpx.Client, n: int) -> list[str]:
-    body = {"steps": 20, "config": {"sleep_s": 0.04}}
+    body = {"steps": 20, "config": {"sleep_s": 0.1}}
     ids = []
     for i in range(n):
         r = c.post("/v1/runs", json={**body, "config": {**body["config"], "echo": i}})
@@ -57,9 +57,11 @@ def test_kill_worker_mid_run(tmp_path):
     srv = Server(tmp_path / "svc").start()
     try:
         with httpx.Client(base_url=srv.url, timeout=30) as c:
+            # the worker's pid first: read after the run started, on a loaded machine the run
+            # could finish before the kill, which would then cut off the second one instead
+            old = srv.worker_pid()
             ids = _submit(c, 3)
             wait_for(lambda: _running(c, ids[0]), what="the first run to start")
-            old = srv.worker_pid()
             os.kill(old, signal.SIGKILL)
             # the API stays up, notices, and starts a new worker that re-queues the run
             assert c.get("/v1/healthz").status_code == 200

@@ -96,3 +96,83 @@ def test_cli_sweep_plan_only(tmp_path):
     assert zero["fixed_bytes_per_gpu"] < fp32["fixed_bytes_per_gpu"]  # 2 + 2 + 12/4 < 4 + 4 + 8/4
     bad = CliRunner().invoke(app, ["sweep", str(spec), "--plot", "x.jpg"])
     assert bad.exit_code == 2 and "--plot" in bad.output
+
+
+@pytest.mark.parametrize(("model", "field"), [
+    ({"config": {**TINY, "n_layer": 5000}}, "body.models.1.config.n_layer"),
+    ({"config": {**TINY, "n_embd": 33}}, "body.models.1.config.n_head"),
+    ({"config": {"n_layer": 1000, "n_embd": 8192, "n_head": 64, "block_size": 4096, "batch_size": 64}},
+     "body.models.1.config"),  # its estimated memory is over the worker's limit
+])
+def test_a_sweep_models_config_is_checked_like_a_runs(client, model, field):
+    body = {"models": [{"config": TINY}, model], "run": False}
+    r = client.post("/v1/sweeps", json=body)
+    assert r.status_code == 422, r.text
+    assert [e["field"] for e in r.json()["errors"]] == [field]
+
+
+SIX = {"models": [{"config": TINY}], "budgets_bytes": [None, 1, 2, 3, 4, 5], "run": False,
+       "profile": "analytic"}
+
+
+def test_concurrent_sweeps_never_take_the_queue_past_its_limit(tmp_path):
+    """Six 6-cell sweeps at once against a queue of 10 (no worker, so nothing drains it): one is
+    accepted, five get 429, and the store holds exactly its 6 jobs."""
+    import sqlite3
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from tests.service.server import Server
+
+    body = {**SIX, "models": [{"config": {**TINY, "dropout": 0.0}}]}
+    srv = Server(tmp_path / "svc", env={"MEMPLAN_MAX_QUEUE_DEPTH": "10", "MEMPLAN_START_WORKER": "false"})
+    srv.start(ready=False)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:  # warm the sweep route's imports
+            assert c.post("/v1/sweeps", json={**body, "strategies": ["nope"]}).status_code == 422
+        gate = threading.Barrier(6)
+
+        def post() -> int:
+            with httpx.Client(base_url=srv.url, timeout=120) as c:
+                gate.wait()
+                return c.post("/v1/sweeps", json=body).status_code
+
+        with ThreadPoolExecutor(6) as pool:
+            codes = sorted(pool.map(lambda _: post(), range(6)))
+    finally:
+        srv.stop()
+    assert codes == [202, 429, 429, 429, 429, 429]
+    with sqlite3.connect(tmp_path / "svc" / "jobs.sqlite") as conn:
+        assert conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 6
+        assert conn.execute("SELECT COUNT(*) FROM sweeps").fetchone()[0] == 1
+
+
+def test_submit_many_checks_room_and_inserts_in_one_transaction(tmp_path):
+    """The store alone, six threads with their own connections: never more than the limit."""
+    import threading
+
+    from memplan.service.jobs.store import JobStore, QueueFull
+
+    path = tmp_path / "jobs.sqlite"
+    JobStore(path)
+    gate = threading.Barrier(6)
+    out: list[str] = []
+
+    def one() -> None:
+        store = JobStore(path)
+        gate.wait()
+        try:
+            store.submit_many("sweep-cell", [{"i": i} for i in range(6)], max_depth=10)
+            out.append("ok")
+        except QueueFull:
+            out.append("full")
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(out) == ["full"] * 5 + ["ok"]
+    assert JobStore(path).depth() == 6

@@ -1,0 +1,219 @@
+"""Admission of a job at submission: its config checked against the job function's typed config
+(`configs.py`), and its memory and time estimated up front and refused when they exceed the
+worker's limits (settings), each as a 422 naming the field, before anything is queued.
+
+NOTE [ Which job functions are checked ]
+A job function interprets its request's `config`; only the built-in ones are known here
+(`DECLARED`, by their 'module:function' path). A server configured with other job functions
+(the tests' fakes, a site's own) passes their `config` through unchecked beyond the request's own
+schema: the function is the judge of its config, and the limits on the worker still apply (the
+RSS limit and the time limit, worker.py).
+
+NOTE [ The estimate of a job ]
+From the analytic profile of the configuration (`memplan.profiler.analytic`: exact parameter,
+gradient, optimizer and activation bytes from shapes; FLOPs) replayed by the simulator
+(`memplan.planner.simulate`, store-all: the unplanned step, which every run and profile executes):
+- memory, bytes: fixed_bytes + the store-all activation peak; a run adds a second fixed_bytes
+  (the executor keeps a reference model and optimizer to compare gradients against). It leaves
+  out the transient buffers of the framework, so it is below what the job will use: a job refused
+  by it cannot fit.
+- time, seconds: the store-all step's time at `job_cpu_flops_per_s` (or `job_gpu_flops_per_s`
+  on cuda), times the steps a job executes (a profile: (repeats + warmup) passes; a run: the
+  profile's `repeats + 1` passes, then `steps` x 2 steps, the planned one and the reference).
+  The default rates are optimistic (above what one device sustains), so a job refused by time
+  would not finish within its limit even at that rate.
+The limit on memory is `job_max_bytes` (default 80% of this machine's physical memory), and on
+cuda also the worker's probed device memory; the limit on time is the job's `timeout_s` when
+given (at most `job_timeout_s`), else `job_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from memplan.service.jobs.configs import PROFILE_CONFIGS, RUN_CONFIGS
+from memplan.service.settings import Settings
+from pydantic import BaseModel, ValidationError
+
+__all__ = ["JobEstimate", "AdmissionError", "DECLARED", "admit", "estimate", "job_memory_limit",
+           "physical_memory_bytes"]
+
+log = logging.getLogger(__name__)
+
+# 'module:function' of a built-in job function -> (its kind, the config models by model name)
+DECLARED: dict[str, tuple[str, dict[str, type[BaseModel]]]] = {
+    "memplan.service.jobs.kinds:run_job": ("run", RUN_CONFIGS),
+    "memplan.service.jobs.kinds:profile_job": ("profile", PROFILE_CONFIGS),
+    "memplan.executor.sweep:sweep_cell": ("sweep-cell", RUN_CONFIGS),
+}
+
+
+class AdmissionError(ValueError):
+    """A job refused at submission: `field` (dotted, from the body) and what to do about it."""
+
+    def __init__(self, field: str, message: str, *, kind: str = "validation") -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    """What a job will need at least: `memory_bytes` (bytes) and `time_s` (seconds), the parts of
+    the time (`time_parts`: seconds per request field that drives it), and the limits it was held
+    to (`memory_limit_bytes`, `time_limit_s`)."""
+
+    memory_bytes: int
+    time_s: float
+    time_parts: dict[str, float]
+    memory_limit_bytes: int | None
+    time_limit_s: float
+    device: str
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where sysconf cannot tell)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def job_memory_limit(settings: Settings) -> int | None:
+    """Bytes one job may use on this machine: `job_max_bytes`, else 80% of the physical memory
+    (None when neither is known: no limit)."""
+    if settings.job_max_bytes is not None:
+        return settings.job_max_bytes
+    phys = physical_memory_bytes()
+    return int(phys * 0.8) if phys else None
+
+
+def _config_error(err: ValidationError, prefix: str) -> AdmissionError:
+    first = err.errors(include_url=False)[0]
+    loc = [str(p) for p in first.get("loc", ())]
+    msg = str(first.get("msg", "invalid"))
+    if first.get("type") == "extra_forbidden":
+        msg = "not a setting of this model; remove it (see the config's schema in docs/service.md)"
+    if not loc and first.get("type") == "value_error":
+        # a model_validator's ValueError: 'Value error, field: what' names its own field
+        text = msg.removeprefix("Value error, ")
+        name, sep, rest = text.partition(": ")
+        if sep and name.replace(".", "").replace("_", "").isalnum():
+            return AdmissionError(f"{prefix}.{name}", rest)
+        return AdmissionError(prefix, text)
+    return AdmissionError(".".join([prefix, *loc]), msg)
+
+
+def _typed_config(models: dict[str, type[BaseModel]], model: str, config: dict[str, Any], *,
+                  model_field: str, config_field: str) -> BaseModel:
+    if model not in models:
+        raise AdmissionError(model_field, f"unknown model {model!r}; choose one of {', '.join(models)}")
+    try:
+        return models[model].model_validate(config, strict=True)
+    except ValidationError as err:
+        raise _config_error(err, config_field) from None
+
+
+def _device(request: dict[str, Any], settings: Settings, worker_device: dict[str, Any] | None) -> str:
+    device = request.get("device") or settings.device
+    if device is None:
+        device = "cuda" if (worker_device or {}).get("kind") == "cuda" else "cpu"
+    return str(device)
+
+
+def _analytic_profile(kind: str, model: str, cfg: BaseModel, request: dict[str, Any], device: str):
+    from memplan.profiler import analytic
+
+    c = cfg.model_dump()
+    dev = "cuda" if device.startswith("cuda") else "cpu"
+    if kind == "profile":
+        if model == "gpt":
+            return analytic.gpt_analytic_profile({**c, "exit_layers": tuple(c["exit_layers"])}, device=dev)
+        return analytic.conv_analytic_profile({**c, "channels": tuple(c["channels"]),
+                                               "blocks": tuple(c["blocks"])}, device=dev)
+    if model == "gpt":  # runs and sweep cells: executor.pipeline's GPT (dropout does not change bytes here)
+        fields = {k: c[k] for k in ("n_layer", "n_embd", "n_head", "block_size", "vocab_size", "batch_size")}
+        return analytic.gpt_analytic_profile(fields, device=dev)
+    return analytic.conv_analytic_profile({"blocks": (c["n_layer"],) * 3, "batch_size": c["batch_size"]},
+                                          device=dev)
+
+
+def estimate(kind: str, model: str, cfg: BaseModel, request: dict[str, Any], settings: Settings,
+             *, worker_device: dict[str, Any] | None = None) -> JobEstimate:
+    """The least memory (bytes) and time (seconds) the job needs, and its limits (see the NOTE)."""
+    from memplan.planner.simulate import simulate
+    from memplan.planner.store_all import plan_store_all
+
+    device = _device(request, settings, worker_device)
+    prof = _analytic_profile(kind, model, cfg, request, device)
+    plan = plan_store_all(prof)
+    sim = simulate(prof, plan.schedule)
+    rate = settings.job_gpu_flops_per_s if device.startswith("cuda") else settings.job_cpu_flops_per_s
+    # the analytic profile's times are at its own rate (its default); rescale to the worker's
+    step_s = sim.time_s * (prof.meta.get("flops_per_s", 1e12) / rate)
+    fixed = prof.fixed_bytes
+    memory = fixed + sim.peak_bytes
+    if kind == "profile":
+        if request.get("analytic"):
+            memory, parts = 0, {"body.repeats": 0.0}  # derived from shapes: nothing is executed
+        else:
+            parts = {"body.repeats": step_s * (int(request.get("repeats", 5)) + int(request.get("warmup", 2)))}
+    else:
+        repeats = int(getattr(cfg, "repeats", 3))
+        memory += fixed  # the reference model and optimizer
+        parts = {"body.config.repeats": step_s * (repeats + 1),
+                 "body.steps": step_s * 2 * int(request.get("steps", 2 if kind == "sweep-cell" else 3))}
+    limit_mem = job_memory_limit(settings)
+    total = (worker_device or {}).get("total_bytes")
+    if device.startswith("cuda") and isinstance(total, int) and total > 0:
+        limit_mem = min(limit_mem, total) if limit_mem is not None else total
+    asked = request.get("timeout_s")
+    limit_t = min(settings.job_timeout_s, float(asked)) if asked else settings.job_timeout_s
+    return JobEstimate(memory_bytes=int(memory), time_s=float(sum(parts.values())), time_parts=parts,
+                       memory_limit_bytes=limit_mem, time_limit_s=limit_t, device=device)
+
+
+def _gib(n: int) -> str:
+    return f"{n:,} bytes ({n / 2**30:.3g} GiB)"
+
+
+def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: str,
+          worker_device: dict[str, Any] | None = None, model_prefix: str = "body") -> JobEstimate | None:
+    """Check a job's request before it is queued: `timeout_s` within `job_timeout_s`; for a
+    built-in job function, `model` known, `config` valid for it, and the estimate within the
+    limits. Returns the estimate (None for an unchecked job function). Raises AdmissionError
+    naming the field: `body.<field>`, except `model` and `config` which are named under
+    `model_prefix` (a sweep's `body.models.<k>`)."""
+    prefix = "body"
+    asked = request.get("timeout_s")
+    if asked is not None and asked > settings.job_timeout_s:
+        raise AdmissionError(f"{prefix}.timeout_s", f"at most the server's job_timeout_s "
+                             f"({settings.job_timeout_s:g} s), got {asked:g}")
+    declared = DECLARED.get(job_path)
+    if declared is None or declared[0] != kind:
+        return None
+    model = request.get("model", "gpt")
+    cfg = _typed_config(declared[1], model, dict(request.get("config") or {}),
+                        model_field=f"{model_prefix}.model", config_field=f"{model_prefix}.config")
+    est = estimate(kind, model, cfg, request, settings, worker_device=worker_device)
+    if est.memory_limit_bytes is not None and est.memory_bytes > est.memory_limit_bytes:
+        raise AdmissionError(
+            f"{model_prefix}.config",
+            f"the job needs at least {_gib(est.memory_bytes)} on {est.device} (parameters, gradients, "
+            f"optimizer state and activations of the configuration), over the limit of "
+            f"{_gib(est.memory_limit_bytes)} (MEMPLAN_JOB_MAX_BYTES or the device's memory); make "
+            "n_layer, n_embd, block_size or batch_size smaller", kind="too-large")
+    if est.time_s > est.time_limit_s:
+        field = max(est.time_parts, key=est.time_parts.__getitem__)
+        if field.startswith("body.config"):
+            field = model_prefix + field.removeprefix("body")
+        raise AdmissionError(
+            field, f"the job needs at least {est.time_s:,.0f} s at "
+            f"{settings.job_gpu_flops_per_s if est.device.startswith('cuda') else settings.job_cpu_flops_per_s:.3g}"
+            f" FLOP/s, over its time limit of {est.time_limit_s:g} s (timeout_s or MEMPLAN_JOB_TIMEOUT_S); "
+            "ask for fewer repeats or steps, or a smaller model", kind="too-long")
+    return est

@@ -1,0 +1,136 @@
+"""Typed, bounded configs of the built-in job functions: what `config` of a run, a profile or a
+sweep's model may hold, per model family. The API validates a job's `config` against these at
+submission (`memplan.service.jobs.admission`), so a bad field is a 422 naming it, not a failed job
+later, and no config can ask a worker for unbounded work.
+
+NOTE [ Why these bounds ]
+The bounds are sanity limits on the shape of one job on one device, wide enough for every model
+this project runs or sizes (GPT-2 XL: 48 layers, width 1600, 25 heads, 1,024 tokens; a measured
+run on a CPU is far smaller) and narrow enough that the estimate of a job's memory and time
+(admission.py) is computed in microseconds from integers that cannot overflow. What a worker can
+actually afford is the estimate's business, against the settings (`job_max_bytes`,
+`job_timeout_s`); the bounds here only stop absurd requests before any arithmetic.
+Profiles may be analytic (derived from shapes, never executed), so their depth bound is the
+planner's stage limit's order (10,000 blocks), not a measured run's (1,024).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+
+__all__ = [
+    "GPTRunConfig", "ConvRunConfig", "GPTProfileConfig", "ConvProfileConfig",
+    "RUN_CONFIGS", "PROFILE_CONFIGS",
+]
+
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
+def _heads_divide(n_embd: int, n_head: int, head_dim: int = 0) -> None:
+    if not head_dim and n_embd % n_head:
+        raise ValueError(f"n_head: n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+
+
+class GPTRunConfig(BaseModel):
+    """The GPT settings of a validation run (executor.pipeline.RunSpec's model fields)."""
+
+    model_config = _STRICT
+
+    n_layer: int = Field(default=6, ge=1, le=1024, description="transformer blocks")
+    n_embd: int = Field(default=128, ge=1, le=16384, description="width of the residual stream")
+    n_head: int = Field(default=4, ge=1, le=256, description="attention heads; must divide n_embd")
+    block_size: int = Field(default=64, ge=1, le=32768, description="sequence length (tokens)")
+    vocab_size: int = Field(default=512, ge=1, le=1 << 20, description="vocabulary")
+    batch_size: int = Field(default=8, ge=1, le=4096, description="examples per step")
+    dropout: float = Field(default=0.1, ge=0, lt=1, description="dropout probability")
+    repeats: int = Field(default=3, ge=1, le=100, description="profiling repeats per stage")
+
+    @model_validator(mode="after")
+    def _check(self) -> GPTRunConfig:
+        _heads_divide(self.n_embd, self.n_head)
+        return self
+
+
+class ConvRunConfig(BaseModel):
+    """The conv chain's settings of a validation run (three groups of `n_layer` residual blocks)."""
+
+    model_config = _STRICT
+
+    n_layer: int = Field(default=6, ge=1, le=256, description="residual blocks per group (3 groups)")
+    batch_size: int = Field(default=8, ge=1, le=4096, description="examples per step")
+    repeats: int = Field(default=3, ge=1, le=100, description="profiling repeats per stage")
+
+
+class GPTProfileConfig(BaseModel):
+    """The fields of profiler.models.gpt.GPTConfig a profile may set (its defaults where unset)."""
+
+    model_config = _STRICT
+
+    n_layer: int = Field(default=12, ge=1, le=10_000, description="transformer blocks")
+    n_embd: int = Field(default=768, ge=1, le=65536, description="width of the residual stream")
+    n_head: int = Field(default=12, ge=1, le=1024, description="attention heads")
+    head_dim: int = Field(default=0, ge=0, le=4096, description="width of one head; 0: n_embd // n_head")
+    ffn_hidden: int = Field(default=0, ge=0, le=1 << 18, description="feed-forward width; 0: 4 n_embd")
+    block_size: int = Field(default=1024, ge=1, le=1 << 20, description="sequence length (tokens)")
+    vocab_size: int = Field(default=50304, ge=1, le=1 << 20, description="vocabulary")
+    batch_size: int = Field(default=8, ge=1, le=1 << 16, description="examples per step")
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    bias: StrictBool = True
+    attention: Literal["flash", "math"] = "flash"
+    tie_weights: StrictBool = False
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    moe_experts: int = Field(default=0, ge=0, le=1024, description="experts per feed-forward; 0: dense")
+    moe_top_k: int = Field(default=1, ge=1, le=16)
+    moe_capacity_factor: float = Field(default=1.25, gt=0, le=64)
+    moe_aux_loss_coef: float = Field(default=0.01, ge=0, le=100)
+    moe_z_loss_coef: float = Field(default=1e-3, ge=0, le=100)
+    exit_layers: list[int] = Field(default_factory=list, max_length=10_000,
+                                   description="blocks (0-based) followed by an exit head")
+    exit_threshold: float = Field(default=0.9, ge=0, le=1)
+    exit_loss_coef: float = Field(default=0.3, ge=0, le=100)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+
+    @model_validator(mode="after")
+    def _check(self) -> GPTProfileConfig:
+        _heads_divide(self.n_embd, self.n_head, self.head_dim)
+        if self.moe_experts and self.moe_top_k > self.moe_experts:
+            raise ValueError(f"moe_top_k: at most moe_experts ({self.moe_experts}), got {self.moe_top_k}")
+        for k, j in enumerate(self.exit_layers):
+            if not 0 <= j < self.n_layer - 1:
+                raise ValueError(f"exit_layers.{k}: a block index below n_layer - 1 ({self.n_layer - 1}), got {j}")
+        return self
+
+
+class ConvProfileConfig(BaseModel):
+    """The fields of profiler.models.conv.ConvConfig a profile may set."""
+
+    model_config = _STRICT
+
+    channels: list[int] = Field(default_factory=lambda: [16, 32, 64], min_length=1, max_length=8)
+    blocks: list[int] = Field(default_factory=lambda: [2, 2, 2], min_length=1, max_length=8)
+    image_size: int = Field(default=32, ge=1, le=4096)
+    in_channels: int = Field(default=3, ge=1, le=64)
+    num_classes: int = Field(default=10, ge=1, le=1 << 20)
+    batch_size: int = Field(default=8, ge=1, le=4096)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+
+    @model_validator(mode="after")
+    def _check(self) -> ConvProfileConfig:
+        for name in ("channels", "blocks"):
+            for k, v in enumerate(getattr(self, name)):
+                if not 1 <= v <= (4096 if name == "channels" else 256):
+                    raise ValueError(f"{name}.{k}: between 1 and {4096 if name == 'channels' else 256}, got {v}")
+        if len(self.channels) != len(self.blocks):
+            raise ValueError(f"blocks: one block count per group of channels ({len(self.channels)}), "
+                             f"got {len(self.blocks)}")
+        if self.image_size % (2 ** (len(self.channels) - 1)):
+            raise ValueError(f"image_size: {self.image_size} must be divisible by "
+                             f"2^{len(self.channels) - 1} (each group after the first halves it)")
+        return self
+
+
+RUN_CONFIGS: dict[str, type[BaseModel]] = {"gpt": GPTRunConfig, "conv": ConvRunConfig}
+PROFILE_CONFIGS: dict[str, type[BaseModel]] = {"gpt": GPTProfileConfig, "conv": ConvProfileConfig}
