@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from memplan.executor.report import ExecutorError, RunReport
+from memplan.executor.report import ExecutorError, InfeasiblePlanError, RunReport
 
 __all__ = ["RunSpec", "run_builtin"]
 
@@ -93,8 +93,8 @@ def run_builtin(spec: RunSpec, *, progress: Callable[[str, int, int], None] | No
     extras.update(feat_extras)
     prof = profile_chain(stages, x, progress=prof_progress, **prof_kw)
     plan = planner.plan(prof, budget_bytes=spec.budget_bytes, strategy=spec.strategy)
-    if not plan.schedule:
-        raise ExecutorError(f"--budget: {plan.message}")
+    if not plan.feasible:
+        raise InfeasiblePlanError(f"--budget: {plan.message}")
     report = run_plan(stages, x, plan, profile=prof, steps=spec.steps, autocast_dtype=dtype,
                       features=features,
                       on_step=(lambda d, t: progress("run", d, t)) if progress else None)

@@ -9,13 +9,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RunReport", "StepRecord", "ExecutorError", "error_pct"]
+__all__ = ["RunReport", "StepRecord", "ExecutorError", "InfeasiblePlanError", "error_pct"]
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ExecutorError(ValueError):
     """Invalid executor input (plan, stages, options); the message names the field and the fix."""
+
+
+class InfeasiblePlanError(ExecutorError):
+    """The plan to run does not fit its budget: nothing to run (the CLI's exit code 1, as for
+    `memplan plan`, not bad input's 2). The message names the budget and the least it can meet."""
 
 
 def error_pct(measured: float | None, predicted: float | None) -> float | None:

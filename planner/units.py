@@ -13,7 +13,7 @@ _UNITS = {
     "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
-_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_PATTERN = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_bytes(text: str | int, *, field: str = "budget") -> int:
@@ -28,6 +28,8 @@ def parse_bytes(text: str | int, *, field: str = "budget") -> int:
             f"{field}: cannot read {text!r} as a size; write e.g. 24GiB, 80GB, 512MiB or 1500000000"
         )
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value < 0:
+        raise ValueError(f"{field}: must be non-negative (at least 0 bytes), got {text!r}")
     if not math.isfinite(value):
         raise ValueError(f"{field}: {text!r} is not a finite size")
     return int(round(value))

@@ -33,9 +33,13 @@ def run_cmd(
                     "as a PNG here (and keep the timeline JSON, and on CUDA the allocator snapshot)")] = None,
     server: ServerOption = None,
 ) -> None:
-    """Profile, plan, run and compare a built-in model: predicted against measured."""
+    """Profile, plan, run and compare a built-in model: predicted against measured.
+
+    Exit codes: 0 the run matched its prediction, 1 a mismatch or a budget nothing meets
+    (infeasible), 2 bad input."""
     from memplan.executor.pipeline import RunSpec, run_builtin
-    from memplan.units import parse_bytes
+    from memplan.executor.report import InfeasiblePlanError
+    from memplan.planner.units import parse_bytes
 
     spec = RunSpec(model=model, n_layer=n_layer, n_embd=d_model, n_head=n_head, block_size=seq,
                    vocab_size=vocab, batch_size=batch, dropout=dropout,
@@ -62,12 +66,19 @@ def run_cmd(
             echo_json(report)
         else:
             print_report(report)
-    elif json_out:
-        report, _, _ = run_builtin(spec)
-        echo_json(report)
     else:
-        report = _run_with_progress(spec, run_builtin)
-        print_report(report)
+        try:
+            if json_out:
+                report, _, _ = run_builtin(spec)
+            else:
+                report = _run_with_progress(spec, run_builtin)
+        except InfeasiblePlanError as err:  # infeasible is exit code 1, as for `memplan plan`
+            typer.echo(f"infeasible: {err}", err=True)
+            raise typer.Exit(1) from None
+        if json_out:
+            echo_json(report)
+        else:
+            print_report(report)
     if plot is not None:  # a local run (--server was refused above)
         from memplan.executor.timeline import plot_run
 
@@ -97,7 +108,7 @@ def print_report(report) -> None:
     """The predicted-against-measured table and the comparison with the unplanned step."""
     from rich.table import Table
 
-    from memplan.units import format_bytes
+    from memplan.planner.units import format_bytes
 
     def pct(v):
         return "-" if v is None else f"{v:+.2f}%"
