@@ -52,9 +52,12 @@ assignments, E experts, cap slots each), replacing the MLP's 8 e BTC:
     combine: gathered expert outputs e A C, gate weights e A, weighted outputs e A C
 
 Times come from FLOPs at a stated throughput (`flops_per_s`): forward_s = flops / rate and
-backward_s = 2 x forward_s (the standard 1:2 split of Kaplan et al. 2020). The transient bytes
-(`forward_temp_bytes`, `backward_temp_bytes`) are estimates of the largest short-lived tensors,
-not exact; measure a small model to calibrate them when they matter.
+backward_s = 2 x forward_s (the standard 1:2 split of Kaplan et al. 2020). The GPT's transient
+bytes (`forward_temp_bytes`, `forward_nograd_temp_bytes`, `backward_temp_bytes`) replay the
+stage's allocations op by op (`memplan.profiler.transients`, NOTE [ Transient bytes from the
+allocation trace ]): exact on the CPU for the dense model without autocast; with experts or
+autocast, and for the conv chain, they are estimates of the largest short-lived tensors (measure a
+small model when they matter).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from memplan.profiler.schema import LayerProfile, Profile, ProfileError
+from memplan.profiler.transients import conv_transients, gpt_transients
 
 __all__ = [
     "gpt_analytic_profile",
@@ -201,16 +205,22 @@ def gpt_analytic_profile(
     flops_per_s: float = 1e12,
     optimizer: str = "adamw",
     name: str | None = None,
+    cpu_threads: int = 1,
 ) -> Profile:
     """The profile of `memplan.profiler.models.gpt` for `cfg` (a GPTConfig or a dict of its fields) from
     shapes alone: exact `output_bytes`, `saved_bytes`, `param_bytes`, `input_bytes` and
     `fixed_bytes` (CPU accounting: LayerNorm statistics and the math path's precision differ on a
     GPU, see the NOTE); FLOPs counted like FlopCounterMode (matrix products); times from FLOPs at
-    `flops_per_s`; transient bytes estimated."""
+    `flops_per_s`; transient bytes (tf_i, tf'_i, tb_i) from the allocation trace of
+    `memplan.profiler.transients`, exact on the CPU with `cpu_threads` intra-op threads for the
+    dense model without autocast (estimates with experts, and on a GPU)."""
     c = _config(cfg, _GPT_DEFAULTS)
     kind = _device_kind(device)
     if not flops_per_s > 0:
         raise ProfileError(f"flops_per_s: must be > 0, got {flops_per_s}")
+    if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1:
+        raise ProfileError(f"cpu_threads: the intra-op threads (torch.get_num_threads()), an integer "
+                           f">= 1, got {cpu_threads!r}")
     if optimizer not in ("adamw", "adam", "sgd", "sgd-momentum", "none"):
         raise ProfileError(f"optimizer: choose adamw, adam, sgd, sgd-momentum or none, not {optimizer!r}")
     if c["dtype"] not in _ELEMENT:
@@ -255,6 +265,16 @@ def gpt_analytic_profile(
         stage("head", "head", head_flops, 4, 2 * s * N + hidden + logits + 4,
               logits + (e * N * V if e != 4 else 0), logits + e * N * V, e * params["head"])
     )
+    traced = not E  # NOTE [ Transient bytes from the allocation trace ]
+    if traced:
+        hd, _, _ = _widths(c)
+        embed_t, block_t, head_t = gpt_transients(
+            B=B, T=T, C=C, H=H, hs=hd, F=F, V=V, e=e, attention=c["attention"], bias=c["bias"],
+            cpu_threads=cpu_threads)
+        by_kind = {"embed": embed_t, "block": block_t, "head": head_t}
+        layers = [ly.model_copy(update=dict(
+            forward_temp_bytes=by_kind[ly.kind].forward, backward_temp_bytes=by_kind[ly.kind].backward,
+            forward_nograd_temp_bytes=by_kind[ly.kind].forward_nograd)) for ly in layers]
     n_params = params["embed"] + L * params["block"] + params["head"]
     n_tensors = params["embed_tensors"] + L * params["block_tensors"] + params["head_tensors"]
     param_bytes = e * n_params
@@ -283,7 +303,11 @@ def gpt_analytic_profile(
             "fixed": fixed,
             "korthikanti_block_bytes": korthikanti_block_bytes(c),
             "attention_backend": c["attention"],
-            "exact": ["output_bytes", "saved_bytes", "param_bytes", "input_bytes", "fixed_bytes"],
+            "cpu_threads": cpu_threads,
+            "transients": "allocation trace" if traced else "estimate (experts)",
+            "exact": ["output_bytes", "saved_bytes", "param_bytes", "input_bytes", "fixed_bytes"]
+            + (["forward_temp_bytes", "forward_nograd_temp_bytes", "backward_temp_bytes"]
+               if traced and kind == "cpu" else []),
         },
     )
 
@@ -301,7 +325,9 @@ def conv_analytic_profile(
     """The profile of `memplan.profiler.models.conv` for `cfg` from shapes: exact output and saved bytes in
     fp32 (BatchNorm keeps its input, which is the stage input, and fp32 mean and inverse std per
     channel; ReLU its output, shared with the next convolution's input), FLOPs of the convolutions
-    and the classifier; times and transients as for the GPT."""
+    and the classifier; times as for the GPT; transient bytes (fp32) from the allocation trace of
+    `memplan.profiler.transients.conv_transients`, equal to the measured ones on the default chain
+    (oneDNN's scratchpads are left out: docs/profiler.md), estimates in bf16."""
     c = _config(cfg, _CONV_DEFAULTS)
     _device_kind(device)
     if not flops_per_s > 0:
@@ -346,6 +372,13 @@ def conv_analytic_profile(
     n_tensors += 4
     layers.append(stage("head", "head", 2 * B * c_prev * K, 4,
                         8 * c_prev + a + e * B * c_prev + 4 * B * K + 4, a, 2 * a, e * head_p))
+    traced = e == 4  # fp32: NOTE [ Transient bytes of the conv chain ] in docs/profiler.md
+    if traced:
+        temps = conv_transients(B=B, image_size=c["image_size"], in_channels=cin, channels=chans,
+                                blocks=blocks, num_classes=K)
+        layers = [ly.model_copy(update=dict(
+            forward_temp_bytes=tr.forward, forward_nograd_temp_bytes=tr.forward_nograd,
+            backward_temp_bytes=tr.backward)) for ly, tr in zip(layers, temps, strict=True)]
     param_bytes = e * n_params
     opt = {"adamw": 2 * param_bytes, "adam": 2 * param_bytes, "sgd-momentum": param_bytes}.get(optimizer, 0)
     if optimizer in ("adamw", "adam") and device.startswith("cpu"):
@@ -368,5 +401,6 @@ def conv_analytic_profile(
         meta={"source": "memplan.profiler.analytic.conv_analytic_profile", "flops_per_s": flops_per_s,
               "config": {"family": "conv", **{k_: (list(v) if isinstance(v, tuple) else v) for k_, v in c.items()}},
               "fixed": fixed, "optimizer": optimizer,
+              "transients": "allocation trace, oneDNN scratchpads left out" if traced else "estimate (bf16)",
               "exact": ["output_bytes", "saved_bytes", "param_bytes", "input_bytes", "fixed_bytes"]},
     )

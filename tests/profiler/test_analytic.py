@@ -56,3 +56,110 @@ def test_errors():
         gpt_analytic_profile(dict(layers=3))
     with pytest.raises(ProfileError, match="device"):
         gpt_analytic_profile({}, device="tpu")
+
+
+# issue 26's model: GPT 4 layers, width 64, 4 heads, seq 64, vocab 512, batch 8, dropout 0, fp32
+ISSUE_26 = dict(n_layer=4, n_embd=64, n_head=4, block_size=64, vocab_size=512, batch_size=8, dropout=0.0)
+
+
+def test_issue_26_transients_are_the_measured_numbers():
+    # measured with profile_chain on the CPU (one thread), flash attention
+    from memplan import planner
+
+    prof = gpt_analytic_profile(ISSUE_26)
+    embed, block, head = prof.layers[0], prof.layers[1], prof.layers[-1]
+    assert (embed.forward_temp_bytes, embed.forward_nograd_temp_bytes, embed.backward_temp_bytes) == (
+        147_456, 147_968, 130_564)
+    assert (block.forward_temp_bytes, block.forward_nograd_temp_bytes, block.backward_temp_bytes) == (
+        131_072, 1_179_648, 459_012)
+    assert (head.forward_temp_bytes, head.forward_nograd_temp_bytes, head.backward_temp_bytes) == (
+        1_048_576, 2_097_156, 1_966_080)
+    assert planner.plan(prof, strategy="store-all").predicted.peak_bytes == 11_870_728
+    # the math path (what `memplan run` uses without the flash feature): 13,935,112 measured
+    math_ = gpt_analytic_profile({**ISSUE_26, "attention": "math"})
+    assert math_.layers[1].backward_temp_bytes == 459_012
+    assert math_.layers[1].forward_nograd_temp_bytes == 1_722_372
+    assert planner.plan(math_, strategy="store-all").predicted.peak_bytes == 13_935_112
+    assert "backward_temp_bytes" in prof.meta["exact"]
+
+
+def test_transients_scale_with_threads_only_through_kernel_buffers():
+    one = gpt_analytic_profile(ISSUE_26)
+    two = gpt_analytic_profile(ISSUE_26, cpu_threads=2)
+    # the flash kernel's buffers (fp32, 32 x 64 + 2 x 32 + 32 x 16 per thread) are below the peak
+    # here; the LayerNorm backward's 2 C buffer too: the numbers do not move
+    assert [ly.backward_temp_bytes for ly in one.layers] == [ly.backward_temp_bytes for ly in two.layers]
+    # at a long sequence the flash forward's per-thread buffer is the no-grad peak of attention
+    long_ = dict(ISSUE_26, block_size=1024, n_embd=16, n_head=1, batch_size=1, vocab_size=64)
+    a1, a4 = gpt_analytic_profile(long_), gpt_analytic_profile(long_, cpu_threads=4)
+    assert a4.layers[1].forward_nograd_temp_bytes > a1.layers[1].forward_nograd_temp_bytes
+    with pytest.raises(ProfileError, match="cpu_threads"):
+        gpt_analytic_profile(ISSUE_26, cpu_threads=0)
+
+
+def test_experts_keep_estimated_transients():
+    prof = gpt_analytic_profile({**ISSUE_26, "moe_experts": 4})
+    assert "backward_temp_bytes" not in prof.meta["exact"]
+    assert prof.meta["transients"].startswith("estimate")
+
+
+torch = pytest.importorskip("torch")
+
+# NOTE [ The 4-byte jitter ] A measured transient has, rarely, come out one 4-byte scalar under its
+# usual value (once in about 40 profiles here; the head's backward, whose loss scalars are freed
+# around the peak). The rest is exact: the tests allow that one scalar and nothing else.
+JITTER = 4
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("attention", ["flash", "math"])
+@pytest.mark.parametrize("shape", [
+    dict(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=64, batch_size=2),
+    # q split 64 (T >= 192), heads narrower than C / H, a feed-forward not 4 C wide
+    dict(n_layer=1, n_embd=48, n_head=3, block_size=200, vocab_size=96, batch_size=3, head_dim=8,
+         ffn_hidden=40),
+    dict(n_layer=1, n_embd=32, n_head=4, block_size=16, vocab_size=64, batch_size=2, bias=False),
+])
+def test_measured_transients_equal_analytic(shape, attention, dtype):
+    from memplan.profiler import profile_chain
+    from memplan.profiler.models.gpt import GPTConfig, build_gpt
+
+    torch.set_num_threads(1)
+    cfg = GPTConfig(**shape, attention=attention, dtype=dtype)
+    stages, idx = build_gpt(cfg)
+    measured = profile_chain(stages, idx, repeats=1, warmup=0)
+    analytic = gpt_analytic_profile(cfg, cpu_threads=torch.get_num_threads())
+    for m, a in zip(measured.layers, analytic.layers, strict=True):
+        for field in ("forward_temp_bytes", "forward_nograd_temp_bytes", "backward_temp_bytes"):
+            got, want = getattr(m, field), getattr(a, field)
+            assert abs(got - want) <= JITTER, (m.name, field, got, want)
+
+
+@pytest.mark.parametrize("kw,exact", [
+    ({}, True),  # the default chain: (16, 32, 64) channels, two blocks a group, 32 x 32 images
+    # oneDNN's scratchpad sits at one block's backward peak here: the trace, which leaves it out,
+    # is then below the measured number (a lower bound), never above
+    ({"channels": (8, 16), "blocks": (1, 2), "image_size": 16, "batch_size": 3, "num_classes": 7}, False),
+])
+def test_conv_measured_transients_equal_analytic(kw, exact):
+    from memplan.profiler import profile_chain
+    from memplan.profiler.analytic import conv_analytic_profile
+    from memplan.profiler.models.conv import ConvConfig, build_conv
+
+    from memplan import planner
+
+    torch.set_num_threads(1)
+    cfg = ConvConfig(**kw)
+    stages, x = build_conv(cfg)
+    measured = profile_chain(stages, x, repeats=1, warmup=0)
+    analytic = conv_analytic_profile(cfg)
+    for m, a in zip(measured.layers, analytic.layers, strict=True):
+        for field in ("forward_temp_bytes", "forward_nograd_temp_bytes", "backward_temp_bytes"):
+            got, want = getattr(m, field), getattr(a, field)
+            if exact:
+                assert abs(got - want) <= JITTER, (m.name, field, got, want)
+            else:
+                assert want <= got + JITTER, (m.name, field, got, want)
+    if exact:
+        peak = planner.plan(analytic, strategy="store-all").predicted.peak_bytes
+        assert abs(peak - planner.plan(measured, strategy="store-all").predicted.peak_bytes) <= JITTER
