@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 
 from memplan.planner.schema import PlanError
 
-__all__ = ["PrecisionPolicy", "POLICIES", "get_policy", "fixed_bytes"]
+__all__ = ["PrecisionPolicy", "POLICIES", "get_policy", "fixed_bytes", "profile_policy",
+           "check_profile_policy"]
 
 
 @dataclass(frozen=True)
@@ -71,3 +72,51 @@ def fixed_bytes(n_params: int, policy: str | PrecisionPolicy = "fp32") -> int:
         raise PlanError(f"n_params: expected a non-negative integer, got {n_params!r}")
     pol = policy if isinstance(policy, PrecisionPolicy) else get_policy(policy)
     return n_params * pol.bytes_per_param
+
+
+def profile_policy(profile) -> str | None:
+    """The name of the policy `profile` was made under: its `meta["precision"]["policy"]`
+    (analytic and measured profiles record it), else inferred from its parameter bytes and
+    autocast dtype (profiles from before the record). None when no policy matches or the profile
+    does not say."""
+    from memplan.profiler.precision import infer_policy
+
+    meta = profile.meta if isinstance(profile.meta, dict) else {}
+    rec = meta.get("precision")
+    if isinstance(rec, dict) and "policy" in rec:
+        return rec["policy"]
+    fixed = meta.get("fixed")
+    if not isinstance(fixed, dict) or not fixed.get("n_params"):
+        return None
+    per = int(fixed.get("param_bytes", 0)) // int(fixed["n_params"])
+    if per == 4:
+        param_dtype = "float32"
+    elif per == 2 and profile.dtype in ("bfloat16", "float16"):
+        param_dtype = profile.dtype
+    else:
+        return None
+    autocast = meta.get("autocast_dtype")
+    if (autocast or param_dtype) != profile.dtype:
+        return None  # the compute dtype is neither autocast's nor the parameters': unknown
+    return infer_policy(param_dtype, autocast)
+
+
+def check_profile_policy(profile, precision: str) -> PrecisionPolicy:
+    """The policy `precision`, after checking `profile` was made under it. Returns the policy;
+    raises PlanError (field `precision`) naming both policies and the fix when they differ. A
+    profile that records no policy is checked by its compute dtype alone."""
+    pol = get_policy(precision)
+    made = profile_policy(profile)
+    if made is not None and made != pol.name:
+        raise PlanError(
+            f"precision: the profile was made under {made}, the plan asks for {pol.name}; "
+            f"profile the model under {pol.name} (memplan profile --precision {pol.name}) or plan "
+            f"with --precision {made}"
+        )
+    if made is None and profile.dtype != pol.compute_dtype:
+        raise PlanError(
+            f"precision: {pol.name} computes in {pol.compute_dtype} but the profile was made in "
+            f"{profile.dtype}; profile the model under {pol.name} (memplan profile --precision "
+            f"{pol.name}) or plan with the matching policy"
+        )
+    return pol

@@ -109,15 +109,15 @@ def shard_profile(
         )
     n = fixed["n_params"]
     w, g, o = (int(fixed.get(k, 0)) for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
-    if policy is None:
-        # the measured bytes per parameter, as a policy (AdamW's step counters stay unsharded)
-        steps = o - 2 * w if o >= 2 * w and o - 2 * w < w else 0
+    # AdamW's per-tensor step counters (4 bytes each on the CPU): neither a moment nor sharded,
+    # kept on every GPU whatever the policy
+    steps = o - 2 * w if o >= 2 * w and o - 2 * w < w else 0
+    if policy is None:  # the measured bytes per parameter, as a policy
         per = [(b // n if n else 0) for b in (w, g, o - steps)]
         pol = PrecisionPolicy(f"measured ({prof.dtype})", *per, prof.dtype, prof.dtype, False,
                               "bytes per parameter as profiled")
     else:
         pol = policy if isinstance(policy, PrecisionPolicy) else get_policy(policy)
-        steps = 0
     other = prof.fixed_bytes - (w + g + o) + steps  # buffers, pending tied gradients, step counters
     if gathered_params is None:
         per_elem = (w // n) if n else 0
@@ -128,3 +128,27 @@ def shard_profile(
     meta = {**prof.meta, "sharding": {**mem.model_dump(), "other_fixed_bytes": max(0, other),
                                       "unsharded_fixed_bytes": prof.fixed_bytes}}
     return prof.model_copy(update={"fixed_bytes": mem.fixed_bytes + max(0, other), "meta": meta})
+
+
+def over_memory_plan(profile, memory_bytes: int, *, strategy: str, options: dict | None = None):
+    """The infeasible Plan for a device whose `memory_bytes` (per GPU) are fewer than the
+    profile's fixed bytes (model states, buffers): no schedule of activations can fit, whatever
+    the strategy. Its message says how many bytes the states need and how to get there."""
+    from memplan.planner.precision import profile_policy
+    from memplan.planner.schema import Plan
+
+    shard = profile.meta.get("sharding", {}) if isinstance(profile.meta, dict) else {}
+    policy = shard.get("policy") or profile_policy(profile) or "the profile's own"
+    return Plan(
+        strategy=strategy,
+        budget_bytes=0,
+        feasible=False,
+        message=(
+            f"the model states alone need {profile.fixed_bytes} bytes per GPU ({policy} "
+            f"precision), more than the {memory_bytes} bytes of memory; add GPUs, raise the ZeRO "
+            "stage or give more memory"
+        ),
+        n_stages=profile.n_stages,
+        profile_fingerprint=profile.fingerprint(),
+        options=options or {},
+    )

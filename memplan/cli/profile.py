@@ -43,8 +43,12 @@ def profile_cmd(
     channels: Annotated[str | None, typer.Option(help="conv: channels per group, e.g. 16,32,64")] = None,
     blocks: Annotated[str | None, typer.Option(help="conv: blocks per group, e.g. 2,2,2")] = None,
     image_size: Annotated[int | None, typer.Option(help="conv: image height and width")] = None,
-    dtype: Annotated[str, typer.Option(help="parameter dtype: float32, bfloat16")] = "float32",
+    dtype: Annotated[str | None, typer.Option(help="parameter dtype: float32 (default), bfloat16")] = None,
     autocast: Annotated[str | None, typer.Option(help="measure under autocast: bfloat16 or float16")] = None,
+    precision: Annotated[
+        str | None, typer.Option(help="precision policy: fp32, bf16-mixed, fp16-mixed, bf16 (sets "
+                                 "the parameter dtype and autocast; AdamW state as the policy keeps it)")
+    ] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     analytic: Annotated[bool, typer.Option("--analytic", help="derive from shapes, do not run")] = False,
     flops_per_s: Annotated[float, typer.Option(help="--analytic: throughput for times")] = 1e12,
@@ -58,6 +62,7 @@ def profile_cmd(
     server: ServerOption = None,
 ) -> None:
     """Profile a built-in model: per-stage times, bytes and FLOPs (see docs/profiler.md)."""
+    dtype, autocast = _policy_dtypes(precision, dtype, autocast)
     fields: dict = {"dtype": dtype}
     if model == "gpt":
         from memplan.profiler.models.gpt import GPT2_SIZES
@@ -87,8 +92,9 @@ def profile_cmd(
     if wrong:
         raise ValueError(f"{wrong[0]}: not an option of --model {model}")
     fields.update({k: v for k, v in given.items() if v is not None})
-    if analytic and autocast:
-        raise ValueError("--autocast: the analytic profile covers parameters in --dtype only")
+    if analytic and autocast and precision is None:
+        raise ValueError("--autocast: the analytic profile takes --precision bf16-mixed or "
+                         "fp16-mixed for autocast, not --autocast")
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"--device: choose cpu or cuda, not {device!r}")
 
@@ -98,6 +104,9 @@ def profile_cmd(
     if server:
         from memplan.profiler.schema import Profile
 
+        if precision is not None:
+            raise ValueError("--precision: the server's profile route takes no policy yet; "
+                             "profile locally (leave out --server)")
         job = remote(server).profile({"model": model, "config": fields, "analytic": analytic,
                                       "repeats": repeats, "warmup": warmup, "timing": timing,
                                       "device": device})
@@ -106,7 +115,8 @@ def profile_cmd(
         from memplan.profiler.analytic import conv_analytic_profile, gpt_analytic_profile
 
         fn = gpt_analytic_profile if model == "gpt" else conv_analytic_profile
-        prof = fn(cfg, device=device, flops_per_s=flops_per_s, optimizer=optimizer, name=name)
+        prof = fn(cfg, device=device, flops_per_s=flops_per_s, optimizer=optimizer, name=name,
+                  precision=precision)
     else:
         prof = _measure(model, cfg, device=device, repeats=repeats, warmup=warmup, timing=timing,
                         optimizer=optimizer, autocast=autocast, name=name)
@@ -116,6 +126,29 @@ def profile_cmd(
         echo_json(prof)
     else:
         _print_profile(prof, out)
+
+
+def _policy_dtypes(precision: str | None, dtype: str | None,
+                   autocast: str | None) -> tuple[str, str | None]:
+    """(parameter dtype, autocast dtype or None) from --precision, --dtype and --autocast; a
+    policy and a dtype that disagree is bad input naming both."""
+    if precision is None:
+        return dtype or "float32", autocast
+    from memplan.profiler.precision import policy_dtypes
+
+    try:
+        param, compute = policy_dtypes(precision)
+    except ValueError as err:
+        raise ValueError(f"--{err}") from None
+    want = compute if compute != param else None
+    if dtype is not None and dtype != param:
+        raise ValueError(f"--dtype: {precision} keeps parameters in {param}, not {dtype}; "
+                         "leave out --dtype (the policy sets it)")
+    if autocast is not None and autocast != want:
+        raise ValueError(f"--autocast: {precision} computes in {compute}"
+                         + (" under autocast" if want else " without autocast")
+                         + "; leave out --autocast (the policy sets it)")
+    return param, want
 
 
 def _measure(model, cfg, *, device, repeats, warmup, timing, optimizer, autocast, name):
@@ -148,20 +181,20 @@ def _measure(model, cfg, *, device, repeats, warmup, timing, optimizer, autocast
 
 
 def _print_profile(prof, out: Path | None) -> None:
-    from rich.table import Table
+    from memplan.cli._tables import Col, fitted_table
+    from memplan.planner.units import format_bytes
 
-    from memplan.units import format_bytes
-
-    table = Table(title=f"{prof.name} on {prof.device} ({prof.dtype})")
-    for col in ("stage", "name", "forward", "backward", "output", "saved", "fwd temp", "bwd temp", "GFLOP"):
-        table.add_column(col, justify="left" if col == "name" else "right")
-    for i, layer in enumerate(prof.layers, start=1):
-        table.add_row(
-            str(i), layer.name, f"{layer.forward_s * 1e3:.3f} ms", f"{layer.backward_s * 1e3:.3f} ms",
-            format_bytes(layer.output_bytes), format_bytes(layer.saved_bytes),
-            format_bytes(layer.forward_temp_bytes), format_bytes(layer.backward_temp_bytes),
-            f"{layer.flops / 1e9:.3g}",
-        )
+    cols = [Col("stage"), Col("name", number=False), Col("fwd ms"), Col("bwd ms", drop=1),
+            Col("output"), Col("saved"), Col("fwd temp", drop=3), Col("bwd temp", drop=4),
+            Col("GFLOP", drop=2)]
+    rows = [
+        [str(i), layer.name, f"{layer.forward_s * 1e3:.4g}", f"{layer.backward_s * 1e3:.4g}",
+         format_bytes(layer.output_bytes), format_bytes(layer.saved_bytes),
+         format_bytes(layer.forward_temp_bytes), format_bytes(layer.backward_temp_bytes),
+         f"{layer.flops / 1e9:.4g}"]
+        for i, layer in enumerate(prof.layers, start=1)
+    ]
+    table = fitted_table(f"{prof.name} on {prof.device} ({prof.dtype})", cols, rows)
     c = console()
     c.print(table)
     c.print(
@@ -169,6 +202,23 @@ def _print_profile(prof, out: Path | None) -> None:
         f"(parameters, gradients, optimizer state, buffers)"
         + (f"; written to {out}" if out is not None else "")
     )
+    c.print(_assumed(prof))
     fb = prof.meta.get("attention_fallback")
     if fb:
         c.print(f"[yellow]flash attention fell back to the math path: {'; '.join(fb)}[/yellow]")
+
+
+def _assumed(prof) -> str:
+    """One line: the precision policy and optimizer the profile's fixed bytes assume, with the
+    bytes a parameter (weights, gradients, optimizer state)."""
+    from memplan.planner.precision import profile_policy
+
+    meta = prof.meta if isinstance(prof.meta, dict) else {}
+    fixed = meta.get("fixed") or {}
+    text = f"precision {profile_policy(prof) or 'unknown'} (compute {prof.dtype})"
+    text += f", optimizer {meta.get('optimizer', 'unknown')}"
+    n = fixed.get("n_params")
+    if n:
+        state = sum(int(fixed.get(k, 0)) for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
+        text += f": {state / n:.4g} bytes a parameter for {n:,} parameters"
+    return text

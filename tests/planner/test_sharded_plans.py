@@ -65,8 +65,11 @@ def test_gpt2_xl_on_8_gpus():
 
 def test_memory_budget_per_gpu_buys_fewer_checkpoints():
     prof = gpt_analytic_profile(GPT2_XL, device="cuda")
-    with pytest.raises(PlanError, match="memory_bytes.*less than the fixed bytes"):
-        planner.plan(prof, memory_bytes=24 * 10**9, precision="zero-mixed")  # 16 x 1.56e9 > 24 GB
+    # 16 x 1.56e9 > 24 GB: infeasible (no schedule can fit), not bad input
+    over = planner.plan(prof, memory_bytes=24 * 10**9, precision="zero-mixed")
+    assert not over.feasible and over.schedule == []
+    assert over.message.startswith(f"the model states alone need {over.options['fixed_bytes_per_gpu']} "
+                                   "bytes per GPU (zero-mixed precision), more than the 24000000000")
     mem = 10 * 10**9
     overheads = []
     for stage in (1, 2, 3):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from memplan.cli import app
@@ -36,3 +37,60 @@ def test_bad_input_exit_2():
     assert res.exit_code == 2 and "--n-layer" in res.output
     res = runner.invoke(app, ["profile", "--model", "rnn"])
     assert res.exit_code == 2 and "--model" in res.output
+
+
+# the issue's 7B GPT (issue 19, item 1): 32 layers, d 4096, seq 4096
+GPT_7B = ["--n-layer", "32", "--d-model", "4096", "--n-head", "32", "--seq", "4096", "--batch", "1",
+          "--analytic"]
+
+
+def test_analytic_precision_is_recorded_and_printed(tmp_path):
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["profile", *GPT_7B, "--precision", "bf16-mixed", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["meta"]["precision"]["policy"] == "bf16-mixed"
+    assert data["meta"]["precision"]["optimizer"] == "adamw"
+    assert data["dtype"] == "bfloat16" and data["meta"]["fixed"]["param_bytes"] == \
+        4 * data["meta"]["fixed"]["n_params"]
+    assert "precision bf16-mixed (compute bfloat16), optimizer adamw: 16 bytes a parameter" \
+        in " ".join(res.output.split())
+    pure = runner.invoke(app, ["profile", *GPT_7B, "--dtype", "bfloat16"])
+    assert "precision bf16 (compute bfloat16), optimizer adamw: 8 bytes a parameter" \
+        in " ".join(pure.output.split())
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--precision", "bf16-mixed", "--dtype", "bfloat16"],
+     "--dtype: bf16-mixed keeps parameters in float32, not bfloat16; leave out --dtype"),
+    (["--precision", "fp8"], "--precision: unknown policy 'fp8'"),
+    (["--precision", "bf16", "--autocast", "bfloat16"],
+     "--autocast: bf16 computes in bfloat16 without autocast"),
+    (["--precision", "bf16-mixed", "--attention", "math"],
+     "precision: the analytic profile prices bf16-mixed (autocast) for flash attention"),
+])
+def test_precision_conflicts_exit_2(args, message):
+    res = runner.invoke(app, ["profile", *GPT_7B, *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_measured_under_a_policy(tmp_path):
+    out = tmp_path / "m.json"
+    res = runner.invoke(app, ["profile", *TINY, "--precision", "bf16-mixed", "--repeats", "1",
+                              "--warmup", "0", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["dtype"] == "bfloat16" and data["meta"]["autocast_dtype"] == "bfloat16"
+    assert "precision bf16-mixed" in res.output
+
+
+def test_table_fits_80_columns_and_never_cuts_a_number(monkeypatch):
+    """At COLUMNS=80 the 7B profile's table cut its numbers (`108.1…`)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    res = runner.invoke(app, ["profile", *GPT_7B, "--precision", "bf16-mixed"])
+    assert res.exit_code == 0, res.output
+    assert "…" not in res.output
+    assert max(len(line) for line in res.output.splitlines()) <= 80
+    assert "896.56 MiB" in res.output  # a block's saved bytes, whole
+    assert "not shown at 80 columns" in res.output  # the columns that did not fit are named
