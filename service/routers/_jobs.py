@@ -69,14 +69,14 @@ def _job_response(job: Job, *, location: str, created: bool, waited: bool) -> JS
 
 
 def check_admission(kind: str, request: dict[str, Any], store: JobStore, settings: Settings, *,
-                    model_prefix: str = "body") -> None:
-    """`admission.admit` for a job of `kind` with the server's job function, its refusals as 422
-    problems naming the field (NOTE [ The estimate of a job ] in admission.py)."""
+                    model_prefix: str = "body", job_path: str | None = None) -> None:
+    """`admission.admit` for a job of `kind` with the server's job function (or `job_path`), its
+    refusals as 422 problems naming the field (NOTE [ The estimate of a job ] in admission.py)."""
     from memplan.service.backends import job_function
 
     worker = store.live_worker(stale_s=max(settings.worker_stale_s, 3600.0))
     try:
-        admit(kind, request, settings, job_path=job_function(kind, settings),
+        admit(kind, request, settings, job_path=job_path or job_function(kind, settings),
               worker_device=(worker or {}).get("device"), model_prefix=model_prefix)
     except AdmissionError as err:
         raise ProblemError(

@@ -112,10 +112,13 @@ def _view(store: JobStore, row: sqlite3.Row) -> Sweep:
 
 def _admit_cells(body: SweepSpec, reqs: list[dict[str, Any]], store: JobStore, settings: Settings) -> None:
     """Each model of the grid checked once (its config's bounds, its estimated memory and time,
-    as a run's: `_jobs.check_admission`), with the fields named as in the sweep's body."""
+    as a run's: `_jobs.check_admission`), with the fields named as in the sweep's body. Whatever
+    function runs the cells, a sweep's model config means executor.pipeline.RunSpec's settings
+    (SweepSpec says so), so it is checked as the built-in cell function's."""
     per_model = len(reqs) // len(body.models)  # cells() walks the models outermost
     for k in range(len(body.models)):
-        check_admission("sweep-cell", reqs[k * per_model], store, settings, model_prefix=f"body.models.{k}")
+        check_admission("sweep-cell", reqs[k * per_model], store, settings, model_prefix=f"body.models.{k}",
+                        job_path="memplan.executor.sweep:sweep_cell")
 
 
 @router.post(
