@@ -15,12 +15,16 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from memplan.planner.request import FrontierRequest, PlanRequest
 from memplan.planner.schema import Plan, PlanError, Predicted
 from memplan.planner.simulate import Simulation, simulate
 from memplan.profiler.schema import Profile, ProfileError, load_profile
 
 __all__ = [
     "plan",
+    "plan_for",
+    "PlanRequest",
+    "FrontierRequest",
     "simulate",
     "STRATEGIES",
     "Plan",
@@ -77,40 +81,52 @@ def plan(
     stored (planner/checkpoint_dtype.py): a strategy that takes them (optimal) chooses within its
     search; the others' schedules get the storage applied afterwards.
     """
-    from memplan.planner._build import check_budget
+    from memplan.planner.request import plan_request
 
-    prof = load_profile(profile)
+    request = plan_request(
+        profile=load_profile(profile), budget_bytes=budget_bytes, memory_bytes=memory_bytes,
+        strategy=strategy, options=options, checkpoint_dtype=checkpoint_dtype,
+        tolerance=tolerance, precision=precision, n_gpus=n_gpus, zero_stage=zero_stage,
+    )
+    return plan_for(request)
+
+
+def plan_for(request: PlanRequest) -> Plan:
+    """The `Plan` for a validated `PlanRequest` (planner/request.py): what `plan` returns for the
+    same fields. Raises `PlanError` only for what depends on the profile's contents (a precision
+    policy it was not made under, a parameter count sharding needs)."""
+    prof = request.profile
+    budget_bytes, memory_bytes = request.budget_bytes, request.memory_bytes
+    strategy, precision = request.strategy, request.precision
+    n_gpus, zero_stage = request.n_gpus, request.zero_stage
+    checkpoint_dtype, tolerance = request.checkpoint_dtype, request.tolerance
+    options = request.option_kwargs()
     sharded = n_gpus != 1 or zero_stage != 0 or precision is not None
+    if precision is not None:  # a profile made under another policy is refused
+        from memplan.planner.precision import check_profile_policy
+
+        check_profile_policy(prof, precision)
     if sharded:
         from memplan.planner.sharding import shard_profile
 
         prof = shard_profile(prof, n_gpus=n_gpus, zero_stage=zero_stage, policy=precision)
     if memory_bytes is not None:
-        if budget_bytes is not None:
-            raise PlanError("memory_bytes: give budget_bytes or memory_bytes, not both")
-        if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes < 0:
-            raise PlanError(f"memory_bytes: expected a non-negative integer, got {memory_bytes!r}")
-        if memory_bytes < prof.fixed_bytes:
-            raise PlanError(
-                f"memory_bytes: {memory_bytes} bytes per GPU is less than the fixed bytes "
-                f"({prof.fixed_bytes}); add GPUs, raise zero_stage or give more memory"
-            )
+        if memory_bytes < prof.fixed_bytes:  # infeasible, not bad input
+            from memplan.planner.sharding import over_memory_plan
+
+            return over_memory_plan(prof, memory_bytes, strategy=strategy, options={
+                "n_gpus": n_gpus, "zero_stage": zero_stage, "precision": precision,
+                "fixed_bytes_per_gpu": prof.fixed_bytes})
         budget_bytes = memory_bytes - prof.fixed_bytes
     fn = _strategy(strategy)
     accepted = [p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
-    for key in options:
-        if key not in accepted:
-            raise PlanError(
-                f"{key}: strategy {strategy!r} takes no such option"
-                + (f"; it takes {', '.join(accepted)}" if accepted else "; it takes none")
-            )
     from memplan.planner.checkpoint_dtype import apply_storage, parse_checkpoint_dtype
 
     stored = parse_checkpoint_dtype(checkpoint_dtype) != "compute"
     if stored and "checkpoint_dtype" in accepted:  # the strategy chooses storage in its search
         options.update(checkpoint_dtype=checkpoint_dtype, tolerance=tolerance)
         stored = False
-    out = fn(prof, check_budget(budget_bytes), **options)
+    out = fn(prof, budget_bytes, **options)
     if stored:
         out = apply_storage(out, prof, checkpoint_dtype=checkpoint_dtype, tolerance=tolerance)
     if sharded:

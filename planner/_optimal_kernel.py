@@ -36,13 +36,14 @@ as in the full frontier: the point at B is the full frontier's, peak and time.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 
 import numpy as np
 from memplan.planner._optimal_dp import RECORD, Costs, late_useful
 
-__all__ = ["available", "solve_compiled", "least_peak_compiled", "PoolFrontiers", "warm"]
+__all__ = ["available", "check_costs", "solve_compiled", "least_peak_compiled", "PoolFrontiers", "warm"]
 
 log = logging.getLogger(__name__)
 
@@ -631,12 +632,60 @@ class PoolFrontiers:
         return None if k < 0 else int(ch[k])
 
 
+# NOTE [ the kernel's inputs ]
+# The compiled code indexes its pool by peaks compared against the sentinel _BIG = 2^62 and adds
+# sizes to peaks in int64 without checks, so its inputs are checked here, before any indexing:
+# every list has L + 1 entries, sizes are integers whose magnitudes sum to at most _MAX_SUM
+# (2^60; a valid profile's are under 2^58 + its temporaries, NOTE [ ceilings ] in
+# profiler/schema.py), so any peak plus any size stays below _BIG and _BIG plus a size below 2^63;
+# times are finite and non-negative; a cap is at most _MAX_CAP (2^60, the budget ceiling of
+# planner/request.py), so no budget reaches the "no cap" marker.
+_MAX_SUM = 2**60
+_MAX_CAP = 2**60
+
+
+def check_costs(c: Costs, cap: int | None = None) -> None:
+    """Raise `PlanError` (naming the input) unless `c` and `cap` are within the kernel's bounds
+    (NOTE [ the kernel's inputs ]). Returns None."""
+    from memplan.planner.schema import PlanError
+
+    L = len(c.x) - 1
+    if L < 1:
+        raise PlanError("the chain has no stages", field="profile.layers")
+    for name in ("x", "f", "b", "s", "tf_f", "tf_r", "tf_l", "tb"):
+        if len(getattr(c, name)) != L + 1:
+            raise PlanError(f"cost list {name} has {len(getattr(c, name))} entries, not {L + 1}",
+                            field="profile.layers")
+    total = 0
+    for name in ("x", "s", "tf_f", "tf_r", "tf_l", "tb"):
+        for v in getattr(c, name):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise PlanError(f"sizes must be integers of bytes, got {v!r} in {name}",
+                                field="profile.layers")
+            total += abs(int(v))
+    if total > _MAX_SUM:
+        raise PlanError(f"the sizes add up to {total} bytes, over the planner's ceiling of 2^60 "
+                        "(NOTE [ ceilings ] in profiler/schema.py)", field="profile.layers")
+    for name in ("f", "b"):
+        for v in getattr(c, name):
+            if not (math.isfinite(v) and v >= 0):
+                raise PlanError(f"times must be finite seconds >= 0, got {v!r} in {name}",
+                                field="profile.layers")
+    if c.fn is not None and not all(math.isfinite(v) and v >= 0 for v in c.f_nograd):
+        raise PlanError("no-grad forward times must be finite seconds >= 0", field="profile.layers")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, np.integer))
+                            or int(cap) > _MAX_CAP):
+        raise PlanError(f"at most 2^60 bytes (the planner's ceiling), got {cap!r}",
+                        field="budget_bytes")
+
+
 def solve_compiled(c: Costs, *, cap: int | None = None, windowed: bool = False, _width: int = 256):
     """`_optimal_dp.solve` compiled: the frontiers of every sub-chain (points above `cap` bytes
     dropped). `windowed` (with a cap): each sub-chain's frontier only where a schedule of the
     whole chain within `cap` can ask for it, and the whole chain's only its point at `cap`
     (NOTE [ windows ]); several times faster. Returns `PoolFrontiers` (the reference's
     `Frontiers` where numba is missing, which ignores `windowed`)."""
+    check_costs(c, cap)
     if not _NUMBA:  # pragma: no cover
         from memplan.planner._optimal_dp import solve
 
@@ -653,6 +702,7 @@ def solve_compiled(c: Costs, *, cap: int | None = None, windowed: bool = False, 
 
 def least_peak_compiled(c: Costs) -> int:
     """`_optimal_dp.least_peak` compiled: the least peak (bytes) of any schedule of the recurrence."""
+    check_costs(c)
     if not _NUMBA:  # pragma: no cover
         from memplan.planner._optimal_dp import least_peak
 

@@ -7,6 +7,7 @@ In Python each op is a tuple: `("F", 3)`, `("loss",)`.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -20,8 +21,33 @@ Op = tuple[str, int] | tuple[str]
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+_FIELD = re.compile(r"^([A-Za-z_][\w.\[\]-]*): (.*)$", re.S)
+
+
 class PlanError(ValueError):
-    """Invalid planner input (profile, budget, options or schedule); the message names the field."""
+    """Invalid planner input (profile, budget, options or schedule).
+
+    `field` names the input at fault as a dotted path of the plan request (`budget_bytes`,
+    `options.k`, `profile.layers.3.saved_bytes`; None when no one input is), `reason` says what is
+    wrong and how to fix it, and `str(err)` is "field: reason". Raised as `PlanError(reason,
+    field=...)`; a message already written as "field: reason" gives the same (so the strategies'
+    own checks carry their field too)."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        if field is None:
+            m = _FIELD.match(message)
+            if m:
+                field, message = m.group(1), m.group(2)
+        self.field = field
+        self.reason = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+    def __reduce__(self):  # pickles (a process pool's result) with its field
+        return (_rebuild_plan_error, (self.reason, self.field))
+
+
+def _rebuild_plan_error(reason: str, field: str | None) -> PlanError:
+    return PlanError(reason, field=field)
 
 
 def _parse_op(raw: Any, k: int) -> Op:

@@ -22,6 +22,9 @@ from pydantic import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "MAX_BYTES",
+    "MAX_PROFILE_BYTES",
+    "MAX_SECONDS",
     "LayerProfile",
     "Profile",
     "ProfileError",
@@ -31,8 +34,19 @@ __all__ = [
 
 SCHEMA_VERSION = "1"
 
-Bytes = Annotated[int, Field(ge=0, description="bytes")]
-Seconds = Annotated[float, Field(ge=0.0, description="seconds")]
+# NOTE [ ceilings ]
+# Sizes and times have ceilings so that every sum the planner forms fits int64 with room: one byte
+# size is at most 2^53 (8 PiB, exact in a float64 too), all of a profile's byte sizes together at
+# most 2^58 (256 PiB), a time at most 1e9 s. Any peak of the chain model counts each stored
+# activation, record and gradient at most once besides one transient and two gradients, so it is
+# under 3 x 2^58 < 2^60: a budget (planner/request.py: at most 2^60) and the compiled DP's sums
+# (a peak plus what its ancestors hold, its sentinel 2^62 plus one size) stay below 2^63.
+MAX_BYTES = 2**53
+MAX_PROFILE_BYTES = 2**58
+MAX_SECONDS = 1e9
+
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES, description="bytes (at most 2^53)")]
+Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, description="seconds (at most 1e9)")]
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
 
@@ -115,6 +129,14 @@ class Profile(BaseModel):
         if not math.isfinite(total):
             raise ValueError(
                 "layers: forward_s and backward_s add up to infinity; give times in seconds"
+            )
+        sizes = self.input_bytes + self.fixed_bytes + sum(
+            la.output_bytes + la.saved_bytes + la.forward_temp_bytes + la.backward_temp_bytes
+            + (la.forward_nograd_temp_bytes or 0) + la.param_bytes for la in self.layers)
+        if sizes > MAX_PROFILE_BYTES:
+            raise ValueError(
+                f"layers: the profile's byte sizes add up to {sizes}, over the ceiling of 2^58 "
+                "(NOTE [ ceilings ] in profiler/schema.py); give sizes in bytes"
             )
         return self
 

@@ -22,11 +22,10 @@ from memplan.service.problems import Problem, install_problem_handlers
 from memplan.service.routers import health, plans, profiles, runs, sizing, sweeps, ui
 from memplan.service.settings import Settings, get_settings
 
-__all__ = ["app", "create_app", "STARTED_AT"]
+__all__ = ["app", "create_app", "HeadMiddleware"]
 
 log = logging.getLogger(__name__)
 
-STARTED_AT = time.time()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -69,12 +68,44 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_url="/openapi.json",
     )
     app.state.settings = settings
+    app.state.started_at = time.time()  # health's uptime reads it here (no import of this module)
     install_problem_handlers(app)
     for module in (health, plans, sizing, profiles, runs, sweeps, ui):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HeadMiddleware, app_routes=app.router.routes)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+class HeadMiddleware:
+    """HEAD on a GET route answers as GET without the body (RFC 9110: HEAD is GET's headers).
+    FastAPI routes list only the methods they declare, so HEAD was a 405 on every GET route; the
+    OpenAPI document keeps listing GET only."""
+
+    def __init__(self, app: Any, *, app_routes: list) -> None:
+        self.app = app
+        self.routes = app_routes
+
+    def _get_route(self, scope: dict) -> bool:
+        from starlette.routing import Match
+
+        probe = {**scope, "method": "GET"}
+        return any(route.matches(probe)[0] is Match.FULL for route in self.routes)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD" or not self._get_route(scope):
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body"):
+                    return
+                message = {"type": "http.response.body", "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -8,8 +8,9 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Header, Path, Request
+from fastapi import Depends, Header, Path, Request, Security
 from fastapi.exceptions import RequestValidationError
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from memplan.service.jobs.store import JobStore
 from memplan.service.problems import ProblemError
 from memplan.service.settings import Settings
@@ -42,9 +43,19 @@ PreferWait = Annotated[
 ]
 
 
+# NOTE [ The API key's scheme ]
+# The key is accepted as `Authorization: Bearer <key>` or `X-API-Key: <key>`. The OpenAPI document
+# declares the first only (an HTTP bearer scheme, which the 401's WWW-Authenticate names too):
+# declared as alternatives, a fuzzer that corrupts one credential while sending the other valid
+# one sees a 200 and reports the API as ignoring authentication.
+_BEARER = HTTPBearer(scheme_name="BearerKey", auto_error=False,
+                     description="`Authorization: Bearer <MEMPLAN_API_KEY>` (or the header "
+                     "`X-API-Key: <MEMPLAN_API_KEY>`)")
+
+
 def require_api_key(
     settings: SettingsDep,
-    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)] = None,
     x_api_key: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> None:
     """When `MEMPLAN_API_KEY` is set: `Authorization: Bearer <key>` or `X-API-Key: <key>`, else 401."""
@@ -52,10 +63,8 @@ def require_api_key(
         return
     expected = settings.api_key.get_secret_value().encode()
     given = x_api_key
-    if given is None and authorization is not None:
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() == "bearer":
-            given = token.strip()
+    if given is None and bearer is not None:
+        given = bearer.credentials.strip()
     if given is None or not hmac.compare_digest(given.encode(), expected):
         raise ProblemError(
             401,
@@ -96,18 +105,61 @@ def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
         raw = await request.body()
         try:
             data = json.loads(raw, parse_float=_parse_float)
+        except RecursionError:
+            data = None
+            _too_deep(("body",))
         except (ValueError, UnicodeDecodeError) as err:
             raise RequestValidationError(
                 [{"type": "json_invalid", "loc": ("body",), "msg": "invalid JSON", "ctx": {"error": str(err)}}]
             ) from None
+        _check_depth(data)
         try:
             return model.model_validate(data, strict=True)
         except ValidationError as err:
-            raise RequestValidationError(
-                [{**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False)]
-            ) from None
+            raise RequestValidationError([_located(e) for e in err.errors(include_url=False)]) from None
 
     return parse
+
+
+# NOTE [ JSON depth ]
+# Parsing and validating JSON recurse once per level: 1,000 levels reach Python's recursion limit
+# (a RecursionError, which was a 500). No request of this API nests more than a few levels (a
+# profile's meta is the deepest: free-form, kept shallow), so bodies deeper than MAX_JSON_DEPTH
+# are refused with a 422 before validation; the walk is iterative.
+MAX_JSON_DEPTH = 32
+
+
+def _too_deep(loc: tuple) -> None:
+    raise RequestValidationError([{
+        "type": "too_deep", "loc": loc,
+        "msg": f"JSON nested deeper than {MAX_JSON_DEPTH} levels; flatten it",
+    }])
+
+
+def _check_depth(data: Any) -> None:
+    """422 (RequestValidationError naming the path) when `data` nests over MAX_JSON_DEPTH."""
+    stack: list[tuple[Any, tuple, int]] = [(data, ("body",), 0)]
+    while stack:
+        node, loc, depth = stack.pop()
+        if isinstance(node, dict):
+            items: Any = node.items()
+        elif isinstance(node, list):
+            items = enumerate(node)
+        else:
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            _too_deep(loc)
+        stack.extend((v, (*loc, k), depth + 1) for k, v in items)
+
+
+def _located(e: dict) -> dict:
+    """A body model's validation error located under `body`; a PlanError raised by a model
+    check is located at its own field."""
+    cause = (e.get("ctx") or {}).get("error")
+    field = getattr(cause, "field", None)
+    if field and not e["loc"]:
+        return {**e, "loc": ("body", *field.split(".")), "msg": cause.reason}
+    return {**e, "loc": ("body", *e["loc"])}
 
 
 def body_openapi(model: type[BaseModel]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ __all__ = [
     "ProblemError",
     "problem_response",
     "install_problem_handlers",
+    "UnexpectedErrorMiddleware",
     "problem_responses",
 ]
 
@@ -114,7 +115,7 @@ def _message(err: dict[str, Any]) -> str:
     if kind == "json_invalid":
         ctx = err.get("ctx") or {}
         return f"the body is not valid JSON ({ctx.get('error', 'parse error')})"
-    return str(err.get("msg", "invalid"))
+    return str(err.get("msg", "invalid")).removeprefix("Value error, ")
 
 
 def validation_errors(errors: list[dict[str, Any]]) -> list[FieldError]:
@@ -158,29 +159,56 @@ def install_problem_handlers(app: FastAPI) -> None:
             detail = f"{request.method} is not allowed here; use {' or '.join(allowed)}"
         return problem_response(exc.status_code, detail, instance=request.url.path, headers=headers)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return problem_response(
-            500,
-            "internal error; the server's log has the details",
-            instance=request.url.path,
-            kind="internal",
-        )
+    app.add_middleware(UnexpectedErrorMiddleware)
+
+
+class UnexpectedErrorMiddleware:
+    """Anything unexpected becomes a logged 500 problem, and the connection stays open.
+
+    NOTE [ A 500 keeps the connection ]
+    An `exception_handler(Exception)` is Starlette's ServerErrorMiddleware, which sends the
+    handler's response and then re-raises, so the server closes the connection and a keep-alive
+    client's next request fails too. Answering here, inside that middleware, ends the request
+    normally. An error after the response started cannot be answered: it is re-raised."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            response = problem_response(
+                500, "internal error; the server's log has the details",
+                instance=scope.get("path"), kind="internal",
+            )
+            await response(scope, receive, send)
 
 
 def library_error(err: Exception, *, prefix: str = "body") -> ProblemError:
-    """A 422 problem from a library input error, whose message starts with the field's name."""
+    """A 422 problem from a library input error, naming its field: the error's `field` attribute
+    (PlanError), else a message that starts with the field's name ("k: ..."); under `prefix`."""
     msg = str(err)
-    field = msg.split(":", 1)[0].strip() if ":" in msg else "(request)"
-    if " " in field or not field:
-        field = "(request)"
-    return ProblemError(
-        422,
-        msg,
-        kind="invalid-input",
-        errors=[FieldError(field=f"{prefix}.{field}" if field != "(request)" else field, message=msg)],
-    )
+    field = getattr(err, "field", None)
+    if field is None and ":" in msg:
+        head = msg.split(":", 1)[0].strip()
+        field = head if head and " " not in head else None
+    where = f"{prefix}.{field}" if field else "(request)"
+    return ProblemError(422, msg, kind="invalid-input", errors=[FieldError(field=where, message=msg)])
 
 
 _DESCRIPTIONS = {
@@ -223,9 +251,11 @@ def call_library(
     fn: Any, *args: Any, prefix: str = "body", value_errors: bool = True, **kwargs: Any
 ) -> Any:
     """`fn(*args, **kwargs)`, with the library's input errors as 422 problems: its ValueErrors
-    (PlanError, ProfileError, ScalingError name the field), and inputs so extreme that the result
+    (PlanError, ProfileError, ScalingError name the field), inputs so extreme that the result
     cannot be represented (an overflow to infinity that the result's schema refuses, a division by
-    an underflowed zero)."""
+    an underflowed zero), and inputs too large or too deep to compute (MemoryError,
+    RecursionError). With `value_errors=False`, PlanError and ProfileError are raised for the
+    caller to name their field; any other ValueError is still a 422."""
     from pydantic import ValidationError
 
     try:
@@ -247,20 +277,44 @@ def call_library(
             "use realistic values",
             kind="out-of-range",
         ) from None
+    except MemoryError:
+        log.warning("%s: out of memory on this request's input", getattr(fn, "__name__", fn))
+        raise ProblemError(
+            422, "the input is too large to compute in this server's memory; use smaller options "
+            "or fewer stages", kind="too-large",
+        ) from None
+    except RecursionError:
+        raise ProblemError(
+            422, "the input is nested too deeply to compute; flatten it", kind="too-deep",
+        ) from None
     except ValueError as err:
-        if not value_errors:
+        if not value_errors and _is_input_error(err):
             raise
         raise library_error(err, prefix=prefix) from None
 
 
-def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
-    from starlette.routing import Match
+def _is_input_error(err: ValueError) -> bool:
+    from memplan.planner.schema import PlanError
+    from memplan.profiler.schema import ProfileError
 
+    return isinstance(err, (PlanError, ProfileError))
+
+
+def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route of `request`'s path takes (HEAD wherever GET is), sorted."""
+    path = request.url.path
     methods: set[str] = set()
-    for route in app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match in (Match.FULL, Match.PARTIAL):
-            methods |= set(getattr(route, "methods", None) or ())
+    stack = list(app.router.routes)
+    while stack:
+        route = stack.pop()
+        regex = getattr(route, "path_regex", None)
+        route_methods = getattr(route, "methods", None)
+        if regex is not None and route_methods and regex.match(path):
+            methods |= set(route_methods)
+        # routers included into the app keep their routes inside (FastAPI's included routers
+        # expose them as candidates; Starlette's mounts as routes)
+        stack.extend(getattr(route, "_effective_candidates", None) or ())
+        stack.extend(getattr(route, "routes", None) or ())
     if "GET" in methods:
         methods.add("HEAD")
     return sorted(methods)

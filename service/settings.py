@@ -88,6 +88,20 @@ class Settings(BaseSettings):
     )
     sse_poll_s: float = Field(default=0.2, gt=0, description="event stream polling period")
     sse_keepalive_s: float = Field(default=15.0, gt=0, description="comment line when idle")
+    # plans computed in the API (NOTE [ Plans in the API process ] in service/routers/plans.py)
+    plan_max_steps: float = Field(
+        default=5e7, gt=0, description="a plan whose work estimate (planner/request.py, NOTE "
+        "[ work estimate ]) is over this many DP steps is refused (422)",
+    )
+    plan_max_table_bytes: int = Field(
+        default=1 << 30, ge=1 << 20, description="a plan whose tables would be larger is refused (422)",
+    )
+    plan_timeout_s: float = Field(
+        default=30.0, gt=0, description="a plan not done in this many seconds answers 503",
+    )
+    plan_concurrency: int = Field(
+        default=2, ge=1, le=64, description="plans computed at once; more wait for a slot",
+    )
     plan_cache_size: int = Field(
         default=256, ge=0, description="identical plan requests answered from memory (0: off)"
     )

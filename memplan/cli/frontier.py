@@ -25,23 +25,26 @@ def frontier_cmd(
     """The Pareto set of (peak, time) from the store-all peak down to the least feasible budget."""
     from memplan import planner
     from memplan.planner.frontier import plot_frontier
+    from memplan.planner.request import frontier_request
     from memplan.profiler.schema import load_profile
 
     prof = load_profile(read_json(profile, what="profile"))
-    if points is not None and points < 2:
-        raise ValueError(f"--points: expected an integer >= 2, got {points}")
+    try:  # validated once, here, as the service validates its body
+        request = frontier_request(profile=prof, options={"points": points} if points is not None else {})
+    except planner.PlanError as err:
+        raise ValueError(f"--{(err.field or 'points').removeprefix('options.')}: {err.reason}") from None
     if plot is not None and plot.suffix.lower() != ".png":
         raise ValueError(f"--plot: {str(plot)!r} should end in .png")
+    options = request.options.model_dump(exclude_unset=True)
     if server:
         from memplan.planner.frontier import Frontier
 
         client = remote(server)
-        options = {"points": points} if points is not None else {}
         result = Frontier.model_validate(client.frontier(prof.model_dump(mode="json"), options=options))
         if plot is not None:
             plot.write_bytes(client.frontier(prof.model_dump(mode="json"), png=True, options=options))
     else:
-        result = planner.frontier(prof, points=points)
+        result = planner.frontier(prof, **options)
         if plot is not None:
             plot_frontier(result, plot)
     if json_out:
@@ -53,7 +56,7 @@ def frontier_cmd(
 def _print(result, plot) -> None:
     from rich.table import Table
 
-    from memplan.units import format_bytes
+    from memplan.planner.units import format_bytes
 
     out = console()
     table = Table(title=f"{result.profile_name}: memory-time frontier ({result.mode})")

@@ -21,21 +21,61 @@ def _load_profile(path: Path):
 _OPTION = {
     "budget_bytes": "--budget", "memory_bytes": "--memory", "n_gpus": "--gpus",
     "zero_stage": "--zero-stage", "max_overhead": "--max-overhead", "k": "--k",
-    "checkpoint_dtype": "--checkpoint-dtype", "tolerance": "--tolerance",
+    "checkpoint_dtype": "--checkpoint-dtype", "tolerance": "--tolerance", "precision": "--precision",
 }
+
+
+def _size(text: str, option: str) -> int:
+    from memplan.planner.units import parse_bytes
+
+    return parse_bytes(text, field=option)  # "-1": "must be non-negative", one line
 
 
 def _sizes(budget: str | None, memory: str | None) -> dict:
     """memplan.planner.plan's budget_bytes or memory_bytes from --budget or --memory (one at most)."""
-    from memplan.units import parse_bytes
-
     if budget is not None and memory is not None:
         raise ValueError("--budget and --memory: give one (activation budget or device memory)")
     if budget is not None:
-        return {"budget_bytes": parse_bytes(budget, field="--budget")}
+        return {"budget_bytes": _size(budget, "--budget")}
     if memory is not None:
-        return {"memory_bytes": parse_bytes(memory, field="--memory")}
+        return {"memory_bytes": _size(memory, "--memory")}
     return {}
+
+
+def parse_fraction(text: str, option: str) -> float:
+    """A fraction from '0.2' or '20%' (both 0.2). Raises ValueError naming `option`."""
+    raw = text.strip()
+    scale = 1.0
+    if raw.endswith("%"):
+        raw, scale = raw[:-1].strip(), 0.01
+    try:
+        value = float(raw) * scale
+    except ValueError:
+        raise ValueError(
+            f"{option}: expected a fraction or a percentage (0.2 or 20%), got {text!r}"
+        ) from None
+    return value
+
+
+def _option_name(field: str | None) -> str:
+    """This command's option for a plan request's field (`options.k` -> `--k`)."""
+    if not field:
+        return "plan"
+    name = field.removeprefix("options.")
+    if name.startswith("profile"):
+        return name
+    return _OPTION.get(name, name)
+
+
+def plan_request_of(prof, *, strategy: str, sizes: dict, options: dict, **fields):
+    """The validated `PlanRequest` of this command's options; errors name the command's option."""
+    from memplan.planner.request import plan_request
+    from memplan.planner.schema import PlanError
+
+    try:
+        return plan_request(profile=prof, strategy=strategy, options=options, **sizes, **fields)
+    except PlanError as err:
+        raise ValueError(f"{_option_name(err.field)}: {err.reason}") from None
 
 
 @app.command("plan")
@@ -51,13 +91,13 @@ def plan_cmd(
     strategy: Annotated[str, typer.Option(help="store-all, uniform, sqrt, heuristic, optimal")] = "optimal",
     k: Annotated[int | None, typer.Option(help="uniform: checkpoint every k stages")] = None,
     max_overhead: Annotated[
-        float | None,
-        typer.Option(help="optimal: least memory for at most this slowdown (0.2 = 20%)"),
+        str | None,
+        typer.Option(help="optimal: least memory for at most this slowdown (0.2 or 20%)"),
     ] = None,
     precision: Annotated[
         str | None,
-        typer.Option(help="precision policy the profile was measured under: fp32, bf16-mixed, "
-                     "bf16, fp16-mixed (checked against the profile's dtype)"),
+        typer.Option(help="precision policy: fp32, bf16-mixed, bf16, fp16-mixed; prices the model "
+                     "states (bytes per parameter) and must be the profile's own"),
     ] = None,
     checkpoint_dtype: Annotated[
         str,
@@ -78,27 +118,26 @@ def plan_cmd(
     """Plan checkpoints for PROFILE within a memory budget."""
     from memplan import planner
     prof = _load_profile(profile)
-    if precision is not None:
-        _check_precision(prof, precision)
-    options = {"k": k} if k is not None else {}
+    options: dict = {"k": k} if k is not None else {}
     if max_overhead is not None:
-        options["max_overhead"] = max_overhead
-    sizes = _sizes(budget, memory)
+        options["max_overhead"] = parse_fraction(max_overhead, "--max-overhead")
+    # validated once, here: the same request is sent to a server or planned locally
+    request = plan_request_of(prof, strategy=strategy, sizes=_sizes(budget, memory),
+                              options=options, n_gpus=gpus, zero_stage=zero_stage,
+                              precision=precision, checkpoint_dtype=checkpoint_dtype,
+                              tolerance=tolerance)
     if server:
-        if gpus != 1 or zero_stage != 0:
-            sizes.update(n_gpus=gpus, zero_stage=zero_stage)
-        body = remote(server).plan(prof.model_dump(mode="json"), strategy=strategy, options=options,
-                                   extra={**sizes, "checkpoint_dtype": checkpoint_dtype,
-                                          "tolerance": tolerance})
-        plan = planner.Plan.model_validate(body)
+        body = request.model_dump(mode="json", exclude_unset=True, exclude={"profile"})
+        body.pop("strategy", None)
+        body.pop("options", None)
+        plan = planner.Plan.model_validate(remote(server).plan(
+            prof.model_dump(mode="json"), strategy=strategy, options=request.option_kwargs(),
+            extra=body))
     else:
         try:
-            plan = planner.plan(prof, strategy=strategy, n_gpus=gpus, zero_stage=zero_stage,
-                                checkpoint_dtype=checkpoint_dtype, tolerance=tolerance,
-                                **sizes, **options)
+            plan = planner.plan_for(request)
         except planner.PlanError as err:  # name this command's option, not the library's field
-            field, _, rest = str(err).partition(":")
-            raise ValueError(f"{_OPTION.get(field, field)}:{rest}") from None
+            raise ValueError(f"{_option_name(err.field)}: {err.reason}") from None
     if json_out:
         echo_json(plan)
     else:
@@ -110,18 +149,6 @@ def plan_cmd(
         typer.echo(f"timeline: {plot_timeline(plan_timeline(prof, plan), plot)}", err=True)
     if not plan.feasible:
         raise typer.Exit(1)
-
-
-def _check_precision(prof, precision: str) -> None:
-    from memplan.planner.precision import get_policy
-
-    policy = get_policy(precision)
-    if policy.compute_dtype != prof.dtype:
-        raise ValueError(
-            f"--precision: {precision} computes in {policy.compute_dtype} but the profile was "
-            f"measured in {prof.dtype}; profile the model under {precision} (memplan profile "
-            "--autocast ...) or pass the matching policy"
-        )
 
 
 @app.command("simulate")
@@ -154,7 +181,7 @@ def simulate_cmd(
     if json_out:
         echo_json(data)
     else:
-        from memplan.units import format_bytes
+        from memplan.planner.units import format_bytes
 
         out = console()
         if sim.valid:
@@ -171,7 +198,7 @@ def simulate_cmd(
 def _print_plan(prof, plan) -> None:
     from rich.table import Table
 
-    from memplan.units import format_bytes
+    from memplan.planner.units import format_bytes
 
     out = console()
     counts = [0] * prof.n_stages

@@ -8,7 +8,7 @@ import time
 from importlib import metadata
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from memplan.service.deps import SettingsDep, StoreDep, require_api_key
 from memplan.service.problems import problem_response, problem_responses
 from pydantic import BaseModel, Field
@@ -31,10 +31,21 @@ class Readiness(BaseModel):
 
 
 class Limits(BaseModel):
-    max_body_bytes: int
-    max_stages: int
-    max_queue_depth: int
-    job_timeout_s: float
+    """What this server accepts (docs/service.md, Limits)."""
+
+    max_body_bytes: int = Field(description="larger request bodies: 413")
+    max_stages: int = Field(description="longest profile a plan accepts")
+    max_queue_depth: int = Field(description="unfinished jobs before 429")
+    job_timeout_s: float = Field(description="a job running longer fails")
+    max_json_depth: int = Field(description="deeper request bodies: 422")
+    max_size_bytes: int = Field(description="one byte size of a profile (2^53)")
+    max_profile_bytes: int = Field(description="a profile's byte sizes together (2^58)")
+    max_budget_bytes: int = Field(description="a budget or a device's memory (2^60)")
+    max_seconds: float = Field(description="one time of a profile")
+    plan_max_steps: float = Field(description="a plan's estimated work, DP steps; more: 422")
+    plan_max_table_bytes: int = Field(description="a plan's estimated tables, bytes; more: 422")
+    plan_timeout_s: float = Field(description="a plan not done by then: 503")
+    plan_concurrency: int = Field(description="plans computed at once")
 
 
 class Info(BaseModel):
@@ -115,8 +126,10 @@ def readyz(settings: SettingsDep, store: StoreDep) -> Any:
     dependencies=[Depends(require_api_key)],
     responses=problem_responses(401),
 )
-def info(settings: SettingsDep, store: StoreDep) -> Info:
-    from memplan.service.app import STARTED_AT
+def info(request: Request, settings: SettingsDep, store: StoreDep) -> Info:
+    from memplan.planner.request import MAX_BUDGET_BYTES
+    from memplan.profiler.schema import MAX_BYTES, MAX_PROFILE_BYTES, MAX_SECONDS
+    from memplan.service.deps import MAX_JSON_DEPTH
 
     from memplan import planner
 
@@ -135,15 +148,24 @@ def info(settings: SettingsDep, store: StoreDep) -> Info:
             max_stages=settings.max_stages,
             max_queue_depth=settings.max_queue_depth,
             job_timeout_s=settings.job_timeout_s,
+            max_json_depth=MAX_JSON_DEPTH,
+            max_size_bytes=MAX_BYTES,
+            max_profile_bytes=MAX_PROFILE_BYTES,
+            max_budget_bytes=MAX_BUDGET_BYTES,
+            max_seconds=MAX_SECONDS,
+            plan_max_steps=settings.plan_max_steps,
+            plan_max_table_bytes=settings.plan_max_table_bytes,
+            plan_timeout_s=settings.plan_timeout_s,
+            plan_concurrency=settings.plan_concurrency,
         ),
         auth_required=settings.api_key is not None,
         strategies=list(planner.STRATEGIES),
         features={
-            "frontier": _has("planner", "frontier"),
+            "frontier": _has("memplan.planner", "frontier"),
             "sizing": _has("memplan.planner.scaling.queries"),
             "fit": _has("memplan.planner.scaling.fit"),
             "profiles": _has("memplan.profiler.models"),
-            "runs": _has("executor", "run_plan"),
+            "runs": _has("memplan.executor", "run_plan"),
         },
-        uptime_s=time.time() - STARTED_AT,
+        uptime_s=time.time() - request.app.state.started_at,
     )

@@ -1,19 +1,34 @@
 """`POST /v1/plans` (a Plan for a profile and budget) and `POST /v1/plans/frontier`.
 
-Plans are computed in the request (the planner is pure Python and fast); identical requests are
-answered from a small in-memory cache (the planner is deterministic in its inputs).
+The bodies are the planner's own requests (`memplan.planner.request.PlanRequest` and
+`FrontierRequest`): validated once, strictly, with every option's bound in the schema. Identical
+requests are answered from a small in-memory cache (the planner is deterministic in its inputs).
+
+NOTE [ Plans in the API process ]
+A plan is computed in the API process, in a thread (never on the event loop), at most
+`plan_concurrency` at once, and answered 503 with Retry-After when not done in `plan_timeout_s`.
+A thread cannot be stopped, so what bounds the work is the admission: each request's work is
+estimated before any of it runs (`estimate_work`, NOTE [ work estimate ] in planner/request.py)
+and refused with a 422 naming the option that drives it when over `plan_max_steps` or
+`plan_max_table_bytes`. Admitted work is then seconds at most on two cores, so a thread that
+outlives a timed-out request finishes soon and holds one of the few slots meanwhile. Running each
+plan in a subprocess instead would make it killable, but costs more than most plans (starting
+Python and loading numba's compiled kernel: about half a second) and would need the profile sent
+across; refusing up front keeps the common plan at milliseconds and the worst admitted one
+bounded.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 from collections import OrderedDict
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response
-from memplan.planner.checkpoint_dtype import CHOICES as CHECKPOINT_DTYPES
+from memplan.planner.request import FrontierRequest, PlanRequest, StrategyName, estimate_work
 from memplan.planner.schema import Plan, PlanError
 from memplan.profiler.schema import Profile, ProfileError
 from memplan.service.deps import SettingsDep, body_openapi, json_body, require_api_key
@@ -24,63 +39,18 @@ from memplan.service.problems import (
     library_error,
     problem_responses,
 )
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from memplan.service.settings import Settings
+from pydantic import StrictBool, StrictFloat, StrictInt, StrictStr
 from starlette.concurrency import run_in_threadpool
 
 from memplan import planner
 
-__all__ = ["router", "PlanRequest", "FrontierRequest"]
+__all__ = ["router", "PlanRequest", "FrontierRequest", "StrategyName", "OptionValue"]
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], dependencies=[Depends(require_api_key)])
 
-_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-# the planner's registry decides which strategies exist (the enum follows it)
-StrategyName = Literal[tuple(planner.STRATEGIES)]  # type: ignore[valid-type]
+# (used by the runs and profiles routers for their own configs)
 OptionValue = StrictBool | StrictInt | StrictFloat | StrictStr | None
-
-
-class PlanRequest(BaseModel):
-    """A profile, a budget and a strategy, as `memplan.planner.plan` takes them."""
-
-    model_config = _STRICT
-
-    profile: Profile
-    budget_bytes: int | None = Field(
-        default=None, ge=0, description="activation budget above fixed_bytes, bytes; null: no limit"
-    )
-    strategy: StrategyName | None = Field(  # type: ignore[valid-type]
-        default=None, description="planner strategy; null: the planner's default"
-    )
-    options: dict[str, OptionValue] = Field(
-        default_factory=dict,
-        description="the strategy's keyword options (e.g. uniform's k); unknown ones: 422",
-    )
-    checkpoint_dtype: Literal[CHECKPOINT_DTYPES] = Field(  # type: ignore[valid-type]
-        default="compute",
-        description="storage dtype of kept activations: compute (as computed), auto, or one dtype",
-    )
-    tolerance: float | None = Field(
-        default=None, ge=0,
-        description="largest relative gradient error lossy storage may add; null: the policy's own",
-    )
-    memory_bytes: int | None = Field(
-        default=None, ge=0,
-        description="memory per GPU instead of budget_bytes: the budget is this minus the fixed bytes",
-    )
-    n_gpus: int = Field(default=1, ge=1, le=1_000_000, description="data-parallel GPUs")
-    zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage sharding model states")
-
-
-class FrontierRequest(BaseModel):
-    """A profile whose memory-time trade-off to trace, as `memplan.planner.frontier` takes it."""
-
-    model_config = _STRICT
-
-    profile: Profile
-    options: dict[str, OptionValue] = Field(
-        default_factory=dict, description="memplan.planner.frontier's keyword options (e.g. points)"
-    )
 
 
 class _Cache:
@@ -115,6 +85,44 @@ def _cache(request: Request, size: int) -> _Cache:
     return cache
 
 
+def _check_work(body: PlanRequest | FrontierRequest, settings: Settings) -> None:
+    """422 naming the field that drives the work when `body`'s estimate is over the limits (NOTE
+    [ Plans in the API process ])."""
+    work = estimate_work(body)
+    over = []
+    if work.steps > settings.plan_max_steps:
+        over.append(f"about {work.steps:.3g} DP steps, over this server's limit of "
+                    f"{settings.plan_max_steps:.3g} (MEMPLAN_PLAN_MAX_STEPS)")
+    if work.table_bytes > settings.plan_max_table_bytes:
+        over.append(f"tables of about {work.table_bytes:.3g} bytes, over this server's limit of "
+                    f"{settings.plan_max_table_bytes} (MEMPLAN_PLAN_MAX_TABLE_BYTES)")
+    if not over:
+        return
+    field = f"body.{work.driver}"
+    msg = (f"this plan would need {' and '.join(over)}; lower {work.driver} (or give a budget, "
+           "or fewer groups), or plan locally with `memplan plan`")
+    raise ProblemError(422, msg, kind="too-much-work", errors=[FieldError(field=field, message=msg)])
+
+
+async def _bounded(request: Request, settings: Settings, fn, *args):
+    """`fn(*args)` in a thread, at most `plan_concurrency` at once, 503 after `plan_timeout_s`."""
+    sem = getattr(request.app.state, "plan_slots", None)
+    if sem is None:
+        sem = request.app.state.plan_slots = asyncio.Semaphore(settings.plan_concurrency)
+    async with sem:
+        task = asyncio.ensure_future(run_in_threadpool(fn, *args))
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), settings.plan_timeout_s)
+        except TimeoutError:
+            # the thread runs on to its (bounded) end; its slot is held until then
+            task.add_done_callback(lambda t: t.exception())
+            raise ProblemError(
+                503, f"the plan was not done within this server's {settings.plan_timeout_s:g} s "
+                "(MEMPLAN_PLAN_TIMEOUT_S); try again later, or plan locally with `memplan plan`",
+                kind="timeout", headers={"Retry-After": str(max(1, int(settings.plan_timeout_s)))},
+            ) from None
+
+
 def _check_stages(profile: Profile, max_stages: int) -> None:
     if profile.n_stages > max_stages:
         msg = (
@@ -131,8 +139,9 @@ def _check_stages(profile: Profile, max_stages: int) -> None:
     response_model=Plan,
     summary="Plan checkpoints for a profile within a memory budget",
     description="Returns the `Plan` of `memplan.planner.plan`. An infeasible budget is a 200 with "
-    "`feasible: false` and the reason in `message`; invalid input is a 422 naming the field.",
-    responses=problem_responses(401, 413, 415, 422),
+    "`feasible: false` and the reason in `message`; invalid input is a 422 naming the field, and so "
+    "is a request whose estimated work is over the server's limits (`GET /v1/info`: limits).",
+    responses=problem_responses(401, 413, 415, 422, 503),
     openapi_extra=body_openapi(PlanRequest),
 )
 async def create_plan(request: Request, settings: SettingsDep) -> Response:
@@ -143,7 +152,8 @@ async def create_plan(request: Request, settings: SettingsDep) -> Response:
     if cached is None:
         body = await _parse_plan(request)
         _check_stages(body.profile, settings.max_stages)
-        cached = await run_in_threadpool(_plan_json, body)
+        _check_work(body, settings)
+        cached = await _bounded(request, settings, _plan_json, body)
         cache.put(key, cached)
     return Response(cached, media_type="application/json")
 
@@ -152,28 +162,11 @@ _parse_plan = json_body(PlanRequest)
 
 
 def _plan_json(body: PlanRequest) -> bytes:
-    kwargs: dict[str, Any] = dict(body.options)
-    if body.strategy is not None:
-        kwargs["strategy"] = body.strategy
     try:
-        plan = call_library(
-            planner.plan, body.profile, budget_bytes=body.budget_bytes, value_errors=False,
-            memory_bytes=body.memory_bytes, n_gpus=body.n_gpus, zero_stage=body.zero_stage,
-            checkpoint_dtype=body.checkpoint_dtype, tolerance=body.tolerance, **kwargs
-        )
-    except ProblemError:
-        raise
+        plan = call_library(planner.plan_for, body, value_errors=False)
     except (PlanError, ProfileError) as err:
-        raise library_error(err, prefix="body.options" if _is_option_error(err, body) else "body") from None
-    except TypeError as err:
-        # an option of the right name but the wrong type reaches the strategy as a TypeError
-        raise ProblemError(422, f"options: {err}", kind="invalid-input") from None
+        raise library_error(err, prefix="body") from None
     return plan.model_dump_json().encode()
-
-
-def _is_option_error(err: Exception, body: PlanRequest) -> bool:
-    name = str(err).split(":", 1)[0]
-    return name in body.options
 
 
 @router.post(
@@ -187,30 +180,20 @@ def _is_option_error(err: Exception, body: PlanRequest) -> bool:
                 "image/png": {"schema": {"type": "string", "format": "binary"}},
             },
         },
-        **problem_responses(401, 406, 413, 415, 422, 501),
+        **problem_responses(401, 406, 413, 415, 422, 503),
     },
     openapi_extra=body_openapi(FrontierRequest),
 )
-def create_frontier(
+async def create_frontier(
+    request: Request,
     body: Annotated[FrontierRequest, Depends(json_body(FrontierRequest))],
     settings: SettingsDep,
     accept: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Response:
     _check_stages(body.profile, settings.max_stages)
     media = _negotiate(accept, ("application/json", "image/png"))
-    frontier_fn = getattr(planner, "frontier", None)
-    if frontier_fn is None:
-        raise ProblemError(
-            501, "memplan.planner.frontier is not available in this build of memplan", kind="not-implemented"
-        )
-    try:
-        result = call_library(frontier_fn, body.profile, **body.options)
-    except ProblemError:
-        raise
-    except (PlanError, ProfileError) as err:
-        raise library_error(err, prefix="body") from None
-    except TypeError as err:
-        raise ProblemError(422, f"options: {err}", kind="invalid-input") from None
+    _check_work(body, settings)
+    result = await _bounded(request, settings, _frontier, body)
     if media == "image/png":
         import tempfile
         from pathlib import Path
@@ -221,6 +204,16 @@ def create_frontier(
             path = plot_frontier(result, Path(tmp) / "frontier.png")
             return Response(Path(path).read_bytes(), media_type="image/png")
     return Response(result.model_dump_json(), media_type="application/json")
+
+
+def _frontier(body: FrontierRequest):
+    try:
+        return call_library(planner.frontier, body.profile, value_errors=False,
+                            **body.options.model_dump(exclude_unset=True))
+    except (PlanError, ProfileError) as err:
+        raise library_error(err, prefix="body.options"
+                            if getattr(err, "field", None) in FrontierRequest.model_fields["options"]
+                            .annotation.model_fields else "body") from None
 
 
 def _negotiate(accept: str | None, offered: tuple[str, ...]) -> str:

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from memplan.planner.units import format_bytes, parse_bytes
 from typer.testing import CliRunner
 
 from memplan.cli import app
-from memplan.units import format_bytes, parse_bytes
 from tests.planner.chains import worked_example
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,8 +49,8 @@ def test_memory_option_subtracts_fixed_bytes(tmp_path):
                               "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["budget_bytes"] == 31
-    res = runner.invoke(app, ["plan", str(path), "--memory", "50"])
-    assert res.exit_code == 2 and "--memory: 50 bytes per GPU is less than the fixed bytes" in res.stderr
+    res = runner.invoke(app, ["plan", str(path), "--memory", "50"])  # infeasible: exit code 1
+    assert res.exit_code == 1 and "model states alone need 100 bytes" in res.stdout
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,13 @@ def test_memory_option_subtracts_fixed_bytes(tmp_path):
         ('{"input_bytes": 1, "layers": []}', [], "layers"),
         (None, ["--budget", "lots"], "--budget: cannot read 'lots' as a size"),
         (None, ["--strategy", "magic"], "strategy: unknown 'magic'"),
-        (None, ["--budget", "-5"], "--budget: cannot read"),
+        (None, ["--budget", "-5"], "--budget: must be non-negative"),
+        (None, ["--max-overhead", "twenty"], "--max-overhead: expected a fraction or a percentage"),
+        (None, ["--max-overhead", "-20%"], "--max-overhead: expected a finite fraction"),
+        (None, ["--budget", str(2**62)], "--budget: at most 2^60 bytes"),
+        (None, ["--strategy", "sqrt", "--k", "2"], "--k: strategy 'sqrt' takes no such option"),
+        (None, ["--strategy", "uniform", "--k", "9"], "--k: the segment length must be an integer in 1..4"),
+        (None, ["--gpus", "0"], "--gpus: expected an integer from 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, profile_path, content, args, needle):
@@ -127,3 +133,17 @@ def test_byte_units():
         with pytest.raises(ValueError, match="budget"):
             parse_bytes(bad)
     assert format_bytes(1536) == "1.50 KiB" and format_bytes(12) == "12 B"
+
+
+def test_max_overhead_takes_a_percentage(profile_path):
+    as_fraction = runner.invoke(app, ["plan", str(profile_path), "--max-overhead", "0.2", "--json"])
+    as_percent = runner.invoke(app, ["plan", str(profile_path), "--max-overhead", "20%", "--json"])
+    assert as_fraction.exit_code == as_percent.exit_code == 0, as_percent.output
+    assert json.loads(as_percent.stdout) == json.loads(as_fraction.stdout)
+    assert json.loads(as_percent.stdout)["predicted"]["peak_bytes"] == 21  # chain model: 43 s within +20%
+
+
+def test_frontier_points_are_validated_in_one_line(profile_path):
+    res = runner.invoke(app, ["frontier", str(profile_path), "--points", "1"])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1
+    assert "--points: expected an integer >= 2" in res.stderr

@@ -108,9 +108,41 @@ def test_plan_json_encodes_ops_as_arrays():
         Plan.model_validate({**data, "extra": 1})
 
 
-def test_times_that_add_up_to_infinity_are_refused():
+def test_times_and_sizes_have_ceilings():
+    # NOTE [ ceilings ] in profiler/schema.py: a time at most 1e9 s, a size at most 2^53 bytes,
+    # all sizes together at most 2^58 (so every sum the planner forms fits int64)
     data = _dict()
-    for layer in data["layers"]:
-        layer["forward_s"] = 1e308
-    with pytest.raises(ProfileError, match="layers: .*add up to infinity"):
+    data["layers"][0]["forward_s"] = 1e308
+    with pytest.raises(ProfileError, match="layers.0.forward_s: Input should be less than or equal to 1000000000"):
         load_profile(data)
+    data = _dict()
+    data["layers"][1]["saved_bytes"] = 2**53
+    assert load_profile(data).layers[1].saved_bytes == 2**53  # the ceiling itself is valid
+    data["layers"][1]["saved_bytes"] = 2**53 + 1
+    with pytest.raises(ProfileError, match="layers.1.saved_bytes"):
+        load_profile(data)
+    data = _dict()
+    for layer in data["layers"]:  # each under the ceiling, together over 2^58
+        layer["output_bytes"] = layer["saved_bytes"] = 2**53
+    data["layers"] *= 9
+    for i, layer in enumerate(data["layers"]):
+        data["layers"][i] = {**layer, "name": f"s{i}"}
+    assert 36 * 2**53 > 2**58 > 31 * 2**53
+    with pytest.raises(ProfileError, match="add up to .* over the ceiling of 2\\^58"):
+        load_profile(data)
+    del data["layers"][15:]  # 30 x 2^53 and the small input: under 2^58, valid
+    assert load_profile(data).n_stages == 15
+
+
+def test_plan_error_carries_its_field():
+    err = PlanError("must be at least 0, got -1", field="budget_bytes")
+    assert err.field == "budget_bytes" and err.reason == "must be at least 0, got -1"
+    assert str(err) == "budget_bytes: must be at least 0, got -1"
+    legacy = PlanError("schedule[3]: unknown op 'Z'")  # the strategies' "field: reason" form
+    assert (legacy.field, legacy.reason) == ("schedule[3]", "unknown op 'Z'")
+    plain = PlanError("no schedule fits")
+    assert plain.field is None and str(plain) == "no schedule fits"
+    import pickle
+
+    again = pickle.loads(pickle.dumps(err))
+    assert again.field == "budget_bytes" and str(again) == str(err)

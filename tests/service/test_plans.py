@@ -75,11 +75,29 @@ def test_invalid_input_names_the_field(client, profile, mutate, field):
     assert field in problem["detail"]
 
 
-def test_library_errors_are_422_naming_the_option(client, profile):
+def test_options_are_typed_per_strategy(client, profile):
+    # sqrt takes no options; uniform's k is bounded by the schema and by the chain
     r = client.post("/v1/plans", json={"profile": profile, "strategy": "sqrt", "options": {"k": 3}})
     problem = _problem(r, 422)
     assert problem["errors"][0]["field"] == "body.options.k"
-    assert "takes no such option" in problem["detail"]
+    assert "unknown field" in problem["detail"]
+    r = client.post("/v1/plans", json={"profile": profile, "strategy": "uniform", "options": {"k": 7}})
+    problem = _problem(r, 422)
+    assert problem["errors"][0]["field"] == "body.options.k" and "1..6" in problem["detail"]
+    r = client.post("/v1/plans", json={"profile": profile, "options": {"slots": 10**6}})
+    assert _problem(r, 422)["errors"][0]["field"] == "body.options.slots"
+    # the library's own checks that need the profile's contents name their field too
+    r = client.post("/v1/plans", json={"profile": profile, "precision": "fp8"})
+    problem = _problem(r, 422)
+    assert problem["errors"][0]["field"] == "body.precision", problem
+
+
+def test_the_body_schema_is_the_planners_request(client):
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    from memplan.planner.request import PlanRequest
+
+    assert schema["PlanRequest"]["properties"].keys() == PlanRequest.model_json_schema()["properties"].keys()
+    assert schema["OptimalOptions"]["properties"]["groups"]["maximum"] == 2000
 
 
 def test_malformed_json(client):

@@ -1,7 +1,9 @@
 """Schemathesis against the live server's /openapi.json: no server error, no response that breaks
 the schema (status codes, content types, headers, bodies), invalid input rejected. Bounded in time.
 
-The server runs without a worker (jobs are accepted and queued, nothing spawns), so that fuzzing
+The server needs an API key, which its OpenAPI document declares (an HTTP bearer scheme, NOTE
+[ The API key's scheme ] in service/deps.py); schemathesis sends it, and its `ignored_auth` check also sends requests without it and
+expects 401. The server runs without a worker (jobs are accepted and queued, nothing spawns), so that fuzzing
 POST /v1/runs measures the API rather than the machine. /v1/readyz is left out: without a worker it
 answers 503 by design (tested in test_jobs_api and test_readyz_without_worker below).
 `positive_data_acceptance` is left out: valid JSON can still be refused by the library with a 422
@@ -21,13 +23,15 @@ import pytest
 from tests.service.server import Server
 
 ST = str(Path(sys.executable).parent / "st")
+KEY = "fuzz-key"
 
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory):
     srv = Server(
         tmp_path_factory.mktemp("svc-fuzz"),
-        env={"MEMPLAN_START_WORKER": "false", "MEMPLAN_MAX_QUEUE_DEPTH": "1000000"},
+        env={"MEMPLAN_START_WORKER": "false", "MEMPLAN_MAX_QUEUE_DEPTH": "1000000",
+             "MEMPLAN_API_KEY": KEY},
     ).start(ready=False)
     yield srv
     srv.stop()
@@ -41,6 +45,7 @@ def _schemathesis(url: str, *, max_examples: int, max_time_s: int, tmp_path: Pat
         "-n", str(max_examples), "--max-time", str(max_time_s), "--seed", "7",
         "--workers", "1", "--request-timeout", "20",
         "--generation-database", "none",
+        "-H", f"Authorization: Bearer {KEY}",
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=max_time_s + 120, cwd=tmp_path)
     text = out.stdout + out.stderr
@@ -48,6 +53,12 @@ def _schemathesis(url: str, *, max_examples: int, max_time_s: int, tmp_path: Pat
     generated = int(m.group(1)) if m else 0
     assert out.returncode == 0, text[-6000:]
     return text, generated
+
+
+def test_the_schema_declares_the_key(fuzz_server):
+    schema = httpx.get(fuzz_server.url + "/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["BearerKey"]["scheme"] == "bearer"
+    assert httpx.get(fuzz_server.url + "/v1/info").status_code == 401
 
 
 def test_schemathesis_quick(fuzz_server, tmp_path):

@@ -1,0 +1,409 @@
+"""The plan request: what `memplan.planner.plan`, `memplan plan` and `POST /v1/plans` all take, as one
+typed model validated once at the boundary.
+
+A `PlanRequest` is a profile, a budget (activation bytes, or a device's memory), a strategy and that
+strategy's options (one options model per strategy, each option with its bound), the storage
+dtype of kept activations, and data parallelism. `FrontierRequest` is the same for
+`memplan.planner.frontier`. Invalid input raises `PlanError` whose `field` is the request's dotted
+path (`budget_bytes`, `options.slots`); the service prefixes it with `body.`, the CLI maps it to
+its own option names.
+
+`estimate_work` says up front how much a request may compute (NOTE [ work estimate ]), so that a
+caller can refuse what it cannot afford before any of it runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from memplan.planner.schema import PlanError
+from memplan.profiler.schema import MAX_PROFILE_BYTES, Profile
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+__all__ = [
+    "MAX_BUDGET_BYTES",
+    "MAX_STAGES",
+    "STRATEGY_NAMES",
+    "OPTIONS",
+    "StoreAllOptions",
+    "UniformOptions",
+    "SqrtOptions",
+    "HeuristicOptions",
+    "OptimalOptions",
+    "FrontierOptions",
+    "PlanRequest",
+    "FrontierRequest",
+    "plan_request",
+    "frontier_request",
+    "plan_error",
+    "Work",
+    "estimate_work",
+]
+
+# A budget or a device's memory: above every peak a valid profile can have (under 3 x 2^58, NOTE
+# [ ceilings ] in profiler/schema.py) and below the compiled DP's "no cap" marker (2^62), so no
+# budget can reach it.
+MAX_BUDGET_BYTES = 2**60
+MAX_STAGES = 1_000_000  # the longest chain a request may name in an option (k, groups, ...)
+assert 3 * MAX_PROFILE_BYTES < MAX_BUDGET_BYTES < 2**62
+
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+# strategy names, as planner.STRATEGIES registers them (tests/planner/test_request.py checks both)
+STRATEGY_NAMES = ("store-all", "uniform", "sqrt", "heuristic", "optimal")
+StrategyName = Literal["store-all", "uniform", "sqrt", "heuristic", "optimal"]
+OPTIMAL_MODES = ("auto", "exact", "slotted", "grouped")
+
+# each field's valid values in words, for messages that say how to fix the input
+_EXPECT = {
+    "max_overhead": "a finite fraction from 0 to 1000 (0.2 for at most 20% slower)",
+    "exact_max_stages": "a positive integer up to 2000 (stages solved exactly before grouping)",
+    "groups": "a positive integer up to 2000 (macro stages in grouped mode)",
+    "mode": f"one of {', '.join(OPTIMAL_MODES)}",
+    "slots": "an integer from 8 to 10000 (500 is rotor's)",
+    "max_gap": "a finite fraction from 0 to 10 (0.01 for 1%)",
+    "points": "an integer >= 2 and at most 10000 (or none for all)",
+    "tolerance": "a finite relative gradient error from 0 to 1 (0.01 for 1%)",
+    "n_gpus": "an integer from 1 to 1000000",
+    "zero_stage": "one of 0, 1, 2, 3",
+    "precision": "a precision policy name: fp32, bf16-mixed, bf16, fp16-mixed, zero-mixed",
+    "checkpoint_dtype": "compute, auto or a storage dtype (bf16, fp16, fp8, ...)",
+}
+
+
+def _budget(value: Any, info: ValidationInfo) -> Any:
+    """A budget in bytes: an integer (a finite float is rounded down), 0..MAX_BUDGET_BYTES."""
+    name = info.field_name
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number of bytes, got {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number of bytes, not NaN or infinity")
+        value = math.floor(value)
+    if value < 0:
+        raise ValueError(f"must be at least 0, got {value}")
+    if value > MAX_BUDGET_BYTES:
+        raise ValueError(
+            f"at most 2^60 bytes (1 EiB: above every peak a profile can have), got {value}"
+            + ("; leave it out for no limit" if name == "budget_bytes" else "")
+        )
+    return int(value)
+
+
+Budget = Annotated[
+    Annotated[int, Field(ge=0, le=MAX_BUDGET_BYTES)] | None,
+    BeforeValidator(_budget),
+]
+
+
+class _Options(BaseModel):
+    model_config = _STRICT
+
+
+class StoreAllOptions(_Options):
+    """store-all takes no options."""
+
+
+class SqrtOptions(_Options):
+    """sqrt takes no options."""
+
+
+class HeuristicOptions(_Options):
+    """heuristic takes no options."""
+
+
+class UniformOptions(_Options):
+    """Every-k checkpointing."""
+
+    k: int | None = Field(
+        default=None, ge=1, le=MAX_STAGES,
+        description="segment length (stages); null: the fastest k that fits the budget",
+    )
+
+
+class OptimalOptions(_Options):
+    """The exact persistent optimum (planner/optimal.py)."""
+
+    max_overhead: float | None = Field(
+        default=None, ge=0, le=1000,
+        description="least memory for at most this slowdown (0.2 = 20%); null: least time",
+    )
+    exact_max_stages: int | None = Field(
+        default=None, ge=1, le=2000,
+        description="stages solved exactly; longer chains are grouped; null: 200 with a budget, "
+        "120 without",
+    )
+    groups: int = Field(default=150, ge=1, le=2000, description="macro stages in grouped mode")
+    mode: Literal["auto", "exact", "slotted", "grouped"] = Field(
+        default="auto", description="auto (exact, grouped above exact_max_stages), exact, grouped "
+        "or slotted (rotor's memory slots with a certified bound)",
+    )
+    slots: int = Field(default=500, ge=8, le=10_000, description="slotted mode: memory slots")
+    max_gap: float = Field(
+        default=0.01, ge=0, le=10, description="slotted mode: refine until the gap is this small",
+    )
+
+
+class FrontierOptions(_Options):
+    """`memplan.planner.frontier`'s options."""
+
+    points: int | None = Field(
+        default=None, ge=2, le=10_000, description="thin to about this many points; null: all",
+    )
+    exact_max_stages: int | None = Field(
+        default=None, ge=1, le=2000, description="stages solved exactly; null: 120",
+    )
+    groups: int = Field(default=150, ge=1, le=2000, description="macro stages in grouped mode")
+
+
+OPTIONS: dict[str, type[_Options]] = {
+    "store-all": StoreAllOptions,
+    "uniform": UniformOptions,
+    "sqrt": SqrtOptions,
+    "heuristic": HeuristicOptions,
+    "optimal": OptimalOptions,
+}
+
+AnyOptions = OptimalOptions | UniformOptions | StoreAllOptions | SqrtOptions | HeuristicOptions
+
+
+class PlanRequest(BaseModel):
+    """A profile, a budget and a strategy with its options: everything a plan depends on."""
+
+    model_config = _STRICT
+
+    profile: Profile
+    budget_bytes: Budget = Field(
+        default=None, description="activation budget above fixed_bytes, bytes (at most 2^60); "
+        "null: no limit",
+    )
+    memory_bytes: Budget = Field(
+        default=None, description="memory per GPU instead of budget_bytes (at most 2^60): the "
+        "budget is this minus the fixed bytes",
+    )
+    strategy: StrategyName = Field(default="optimal", description="the planner strategy")
+    options: AnyOptions = Field(
+        default_factory=OptimalOptions,
+        description="the strategy's options (uniform: k; optimal: max_overhead, exact_max_stages, "
+        "groups, mode, slots, max_gap; the others: none); unknown ones: refused",
+    )
+    checkpoint_dtype: str = Field(
+        default="compute", max_length=32,
+        description="storage dtype of kept activations: compute (as computed), auto, or a dtype",
+    )
+    tolerance: float | None = Field(
+        default=None, ge=0, le=1,
+        description="largest relative gradient error lossy storage may add; null: the policy's own",
+    )
+    precision: str | None = Field(
+        default=None, max_length=32,
+        description="precision policy pricing the model states (fp32, bf16-mixed, ...); null: the "
+        "profile's fixed bytes as measured",
+    )
+    n_gpus: int = Field(default=1, ge=1, le=1_000_000, description="data-parallel GPUs")
+    zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage sharding model states")
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _strategy_default(cls, value: Any) -> Any:
+        if value is None:  # null: the default, as an absent field
+            return "optimal"
+        if isinstance(value, str) and value not in STRATEGY_NAMES:
+            raise ValueError(f"unknown {value!r}; choose one of {', '.join(STRATEGY_NAMES)}")
+        return value
+
+    @field_validator("options", mode="wrap")
+    @classmethod
+    def _strategy_options(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
+        # the strategy (validated first: fields validate in order) chooses the options model
+        model = OPTIONS.get(info.data.get("strategy", "optimal"), OptimalOptions)
+        if isinstance(value, model):
+            return value
+        if isinstance(value, _Options):
+            value = value.model_dump(exclude_unset=True)
+        return model.model_validate(value)
+
+    @field_validator("checkpoint_dtype")
+    @classmethod
+    def _dtype_known(cls, value: str) -> str:
+        from memplan.planner.checkpoint_dtype import parse_checkpoint_dtype
+
+        parse_checkpoint_dtype(value)  # PlanError (a ValueError) naming the choices
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PlanRequest:
+        if "options" not in self.model_fields_set:  # the strategy's defaults, not optimal's
+            self.__dict__["options"] = OPTIONS[self.strategy]()
+        if self.budget_bytes is not None and self.memory_bytes is not None:
+            raise PlanError("give budget_bytes or memory_bytes, not both", field="memory_bytes")
+        k = getattr(self.options, "k", None)
+        if k is not None and k > self.profile.n_stages:
+            raise PlanError(f"the segment length must be an integer in 1..{self.profile.n_stages}, "
+                            f"got {k}", field="options.k")
+        return self
+
+    def option_kwargs(self) -> dict[str, Any]:
+        """The strategy's options given (not defaulted), as keyword arguments."""
+        return self.options.model_dump(exclude_unset=True)
+
+
+class FrontierRequest(BaseModel):
+    """A profile whose memory-time trade-off to trace, and the frontier's options."""
+
+    model_config = _STRICT
+
+    profile: Profile
+    options: FrontierOptions = Field(
+        default_factory=FrontierOptions, description="points, exact_max_stages, groups",
+    )
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def plan_error(err: ValidationError, data: Any = None) -> PlanError:
+    """The first error of a request's validation as a `PlanError` naming the field (its dotted
+    path in the request) and saying what it expects."""
+    errors = err.errors(include_url=False)
+    if not errors:
+        return PlanError(str(err))
+    e = errors[0]
+    loc = tuple(e.get("loc", ()))
+    field = _field(loc) or None
+    name = str(loc[-1]) if loc else ""
+    kind = e.get("type", "")
+    given = e.get("input")
+    if kind == "value_error":
+        cause = (e.get("ctx") or {}).get("error")
+        if isinstance(cause, PlanError):
+            return PlanError(cause.reason, field=cause.field if loc == () else field)
+        msg = str(e.get("msg", "")).removeprefix("Value error, ")
+        if msg.startswith(f"{name}: "):
+            msg = msg[len(name) + 2:]
+        return PlanError(msg, field=field)
+    if kind == "extra_forbidden":
+        if len(loc) == 2 and loc[0] == "options":
+            strategy = data.get("strategy") if isinstance(data, dict) else None
+            strategy = strategy or "optimal"
+            model = OPTIONS.get(strategy)
+            takes = list(model.model_fields) if model else []
+            return PlanError(
+                f"strategy {strategy!r} takes no such option"
+                + (f"; it takes {', '.join(takes)}" if takes else "; it takes none"),
+                field=field,
+            )
+        return PlanError("unknown field; remove it (check the spelling)", field=field)
+    if kind == "missing":
+        return PlanError("field required", field=field)
+    if kind == "finite_number":
+        return PlanError(f"expected {_EXPECT.get(name, 'a finite number')}, not NaN or infinity",
+                         field=field)
+    if name == "k":
+        return PlanError(f"the segment length must be an integer in 1..{MAX_STAGES}, got {given!r}",
+                         field=field)
+    if name in _EXPECT:
+        return PlanError(f"expected {_EXPECT[name]}, got {given!r}", field=field)
+    return PlanError(str(e.get("msg", "invalid")), field=field)
+
+
+def plan_request(**fields: Any) -> PlanRequest:
+    """A validated `PlanRequest` from keyword arguments (the options nested under `options`).
+    Raises `PlanError` naming the first bad field."""
+    try:
+        return PlanRequest.model_validate(fields)
+    except ValidationError as err:
+        raise plan_error(err, fields) from None
+
+
+def frontier_request(**fields: Any) -> FrontierRequest:
+    """A validated `FrontierRequest` from keyword arguments. Raises `PlanError`."""
+    try:
+        return FrontierRequest.model_validate(fields)
+    except ValidationError as err:
+        raise plan_error(err, fields) from None
+
+
+# -- how much a request may compute ----------------------------------------------------------------
+
+# NOTE [ work estimate ]
+# A plan's work is known up front within a small factor from its stages and its options: the exact
+# DP solves m^2/2 sub-chains with up to m splits each over frontiers of a few points (m: the stages
+# it solves, the chain's or its groups'), ~m^3 steps within a budget and about eight times that
+# without one (frontiers are uncapped); the slotted DP tabulates every sub-chain at every slot count,
+# m^3 x slots numpy element steps (about 64 to one DP step) and 2 x m^2 x slots x 10 bytes of
+# tables; the baselines replay O(L) schedules of O(L) ops (uniform without k, heuristic, the
+# frontier's), ~L^2 steps of Python (about 8 DP steps each). `steps` compares requests, it is not a
+# time: on two cores one step is about 0.1-2 us.
+_UNCAPPED = 8
+_SLOT_STEP = 64
+_PY_STEP = 8
+
+
+@dataclass(frozen=True)
+class Work:
+    """A request's estimated work: `steps` (DP steps, NOTE [ work estimate ]), `table_bytes` (the
+    largest tables it allocates, bytes), and `driver`, the field whose value sets most of it."""
+
+    steps: float
+    table_bytes: float
+    driver: str
+
+
+def _dp_stages(n: int, opts: Any, capped: bool) -> tuple[int, str]:
+    mode = getattr(opts, "mode", "auto")
+    groups = getattr(opts, "groups", 150)
+    exact_max = getattr(opts, "exact_max_stages", None)
+    if mode == "exact":
+        return n, "profile.layers"
+    if mode == "grouped":
+        return min(groups, n), "options.groups"
+    if exact_max is None:
+        exact_max = 200 if capped else 120
+    if n > exact_max:
+        return min(groups, n), "options.groups"
+    return n, "options.exact_max_stages" if "exact_max_stages" in opts.model_fields_set \
+        else "profile.layers"
+
+
+def estimate_work(request: PlanRequest | FrontierRequest) -> Work:
+    """The work `request` may do (NOTE [ work estimate ]): a `Work` of DP steps and table bytes."""
+    n = request.profile.n_stages
+    if isinstance(request, FrontierRequest):
+        m, driver = _dp_stages(n, request.options, capped=False)
+        steps = _UNCAPPED * m**3 + _PY_STEP * n * n
+        return Work(float(steps), 48.0 * m * m, driver)
+    opts = request.options
+    strategy = request.strategy
+    if strategy in ("store-all", "sqrt"):
+        return Work(float(n), 0.0, "profile.layers")
+    if strategy == "uniform":
+        given = getattr(opts, "k", None) is not None
+        return Work(float(n if given else _PY_STEP * n * n), 0.0, "profile.layers")
+    if strategy == "heuristic":
+        return Work(float(_PY_STEP * n * n), 0.0, "profile.layers")
+    budgeted = request.budget_bytes is not None or request.memory_bytes is not None
+    if opts.mode == "slotted":
+        s = opts.slots
+        return Work(n**3 * s / _SLOT_STEP, 20.0 * (n + 2) * (n + 1) * (s + 1), "options.slots")
+    stored = request.checkpoint_dtype.strip().lower() != "compute"
+    capped = budgeted and opts.max_overhead is None and not stored
+    m, driver = _dp_stages(n, opts, capped)
+    steps = (1 if capped else _UNCAPPED) * m**3
+    if stored or not capped:
+        steps += _PY_STEP * n * n  # walking the frontier's points, replaying each
+    return Work(float(steps), 48.0 * m * m, driver)

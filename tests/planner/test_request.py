@@ -1,0 +1,128 @@
+"""The typed plan request (planner/request.py): one model for the library, the CLI and the service,
+validated once, every option bounded, errors carrying their field; and the work estimate."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+from memplan.planner.request import (
+    MAX_BUDGET_BYTES,
+    OPTIONS,
+    STRATEGY_NAMES,
+    FrontierRequest,
+    PlanRequest,
+    estimate_work,
+    frontier_request,
+    plan_request,
+)
+from memplan.planner.schema import PlanError
+
+from memplan import planner
+from tests.planner.chains import worked_example
+from tests.service.conftest import make_profile
+
+
+def test_the_registry_and_the_options_models_agree():
+    assert STRATEGY_NAMES == tuple(planner.STRATEGIES) == tuple(OPTIONS)
+    for name, model in OPTIONS.items():
+        fn = planner._strategy(name)
+        takes = {p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
+        # every option the model admits is one the strategy takes (storage options are the
+        # request's own fields, passed by plan_for)
+        assert set(model.model_fields) <= takes, (name, set(model.model_fields) - takes)
+        assert set(model.model_fields) == takes - {"checkpoint_dtype", "tolerance"}, name
+        for field, info in model.model_fields.items():
+            bounds = [m for m in info.metadata if type(m).__name__ in ("Le", "Lt")]
+            assert bounds or field == "mode", f"{name}.{field} has no upper bound"
+
+
+@pytest.mark.parametrize(("fields", "field", "needle"), [
+    (dict(budget_bytes=-1), "budget_bytes", "at least 0"),
+    (dict(budget_bytes=float("nan")), "budget_bytes", "finite"),
+    (dict(budget_bytes="10"), "budget_bytes", "number of bytes"),
+    (dict(budget_bytes=2**60 + 1), "budget_bytes", "at most 2^60"),
+    (dict(budget_bytes=2**63 - 1), "budget_bytes", "at most 2^60"),
+    (dict(memory_bytes=2**62), "memory_bytes", "at most 2^60"),
+    (dict(budget_bytes=5, memory_bytes=5), "memory_bytes", "not both"),
+    (dict(strategy="fastest"), "strategy", "unknown 'fastest'"),
+    (dict(strategy="sqrt", options={"k": 2}), "options.k", "strategy 'sqrt' takes no such option"),
+    (dict(strategy="uniform", options={"k": 0}), "options.k", "segment length"),
+    (dict(strategy="uniform", options={"k": 5}), "options.k", "in 1..4"),
+    (dict(strategy="uniform", options={"k": "3"}), "options.k", "segment length"),
+    (dict(options={"slots": 10_001}), "options.slots", "from 8 to 10000"),
+    (dict(options={"groups": 2001}), "options.groups", "up to 2000"),
+    (dict(options={"groups": True}), "options.groups", "positive integer"),
+    (dict(options={"exact_max_stages": 0}), "options.exact_max_stages", "positive integer"),
+    (dict(options={"max_overhead": -0.1}), "options.max_overhead", "finite fraction"),
+    (dict(options={"max_gap": float("inf")}), "options.max_gap", "finite fraction"),
+    (dict(options={"mode": "fast"}), "options.mode", "one of auto, exact, slotted, grouped"),
+    (dict(checkpoint_dtype="int8"), "checkpoint_dtype", "unknown 'int8'"),
+    (dict(tolerance=2.0), "tolerance", "from 0 to 1"),
+    (dict(n_gpus=0), "n_gpus", "from 1 to"),
+    (dict(zero_stage=4), "zero_stage", "one of 0, 1, 2, 3"),
+])
+def test_bad_fields_raise_plan_error_naming_them(fields, field, needle):
+    for call in (lambda: plan_request(profile=worked_example(), **fields),
+                 lambda: planner.plan(worked_example(), **{**{k: v for k, v in fields.items()
+                                                              if k != "options"},
+                                                           **fields.get("options", {})})):
+        with pytest.raises(PlanError) as err:
+            call()
+        assert err.value.field == field, str(err.value)
+        assert needle in err.value.reason
+        assert str(err.value) == f"{field}: {err.value.reason}"
+
+
+def test_valid_requests_keep_what_was_given():
+    req = plan_request(profile=worked_example(), strategy="uniform", options={"k": 2},
+                       budget_bytes=30.9)
+    assert req.budget_bytes == 30 and req.option_kwargs() == {"k": 2}
+    assert plan_request(profile=worked_example(), strategy="sqrt").options == OPTIONS["sqrt"]()
+    assert plan_request(profile=worked_example(), strategy=None).strategy == "optimal"
+    assert plan_request(profile=worked_example(), budget_bytes=MAX_BUDGET_BYTES).budget_bytes == 2**60
+    # JSON round trip: what the CLI sends is what the service validates
+    again = PlanRequest.model_validate(json.loads(req.model_dump_json()), strict=True)
+    assert again == req
+
+
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
+def test_plan_and_plan_for_are_one_path(strategy):
+    prof = worked_example()
+    direct = planner.plan(prof, budget_bytes=30, strategy=strategy)
+    via = planner.plan_for(plan_request(profile=prof, budget_bytes=30, strategy=strategy))
+    assert direct == via and direct.strategy == strategy and direct.predicted is not None
+
+
+def test_the_schema_bounds_every_option():
+    schema = PlanRequest.model_json_schema()
+    defs = schema["$defs"]
+    assert defs["OptimalOptions"]["properties"]["slots"]["maximum"] == 10_000
+    assert defs["UniformOptions"]["properties"]["k"]["anyOf"][0]["maximum"] == 1_000_000
+    assert {d["$ref"].rsplit("/", 1)[1] for d in schema["properties"]["options"]["anyOf"]} == {
+        m.__name__ for m in OPTIONS.values()}
+    assert schema["properties"]["budget_bytes"]["anyOf"][0]["maximum"] == 2**60
+    assert FrontierRequest.model_json_schema()["$defs"]["FrontierOptions"]["properties"]["points"][
+        "anyOf"][0]["minimum"] == 2
+    with pytest.raises(PlanError, match="options.points: expected an integer >= 2"):
+        frontier_request(profile=worked_example(), options={"points": 1})
+
+
+def test_work_estimate_follows_the_options():
+    prof = make_profile(1500)
+    auto = estimate_work(plan_request(profile=prof, budget_bytes=10**7))
+    assert auto.driver == "options.groups" and auto.steps == 150**3  # grouped, capped
+    free = estimate_work(plan_request(profile=prof))
+    assert free.steps > auto.steps  # uncapped frontiers
+    exact = estimate_work(plan_request(profile=prof, budget_bytes=10**7, options={"mode": "exact"}))
+    assert exact.driver == "profile.layers" and exact.steps == 1500**3
+    slotted = estimate_work(plan_request(profile=make_profile(50), budget_bytes=10**6,
+                                         options={"mode": "slotted", "slots": 10_000}))
+    assert slotted.driver == "options.slots"
+    assert slotted.table_bytes == 20 * 52 * 51 * 10_001  # C (float64) and choices (int16)
+    k = estimate_work(plan_request(profile=prof, strategy="uniform", options={"k": 3}))
+    assert k.steps == 1500  # one schedule
+    assert estimate_work(plan_request(profile=prof, strategy="uniform")).steps > k.steps
+    fr = estimate_work(frontier_request(profile=prof, options={"groups": 2000}))
+    assert fr.driver == "options.groups" and fr.steps >= 8 * 1500**3
