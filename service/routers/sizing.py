@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
+from memplan.planner.request import MAX_BUDGET_BYTES, StrategyName
 from memplan.service.deps import body_openapi, json_body, require_api_key
 from memplan.service.problems import (
     FieldError,
@@ -47,14 +48,16 @@ def get_sizing(
     tokens: Annotated[Positive, Query(description="training tokens D (with params, unique_tokens)")] = None,
     inference_tokens: Annotated[Positive, Query(description="tokens served after training")] = None,
     unique_tokens: Annotated[Positive, Query(description="unique tokens available")] = None,
-    memory_bytes: Annotated[int | None, Query(gt=0, description="device memory, bytes")] = None,
+    memory_bytes: Annotated[
+        int | None, Query(gt=0, le=MAX_BUDGET_BYTES, description="device memory, bytes (at most 2^60)")
+    ] = None,
     devices: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
     seq_len: Annotated[int, Query(ge=1, le=1 << 24)] = 2048,
     micro_batch: Annotated[int, Query(ge=1, le=1 << 20)] = 1,
     peak_flops: Annotated[Positive, Query(description="device peak FLOP/s")] = None,
     device: Annotated[str | None, Query(max_length=64, description="e.g. H100, H200")] = None,
     utilization: Annotated[float, Query(gt=0, le=1, allow_inf_nan=False)] = 0.4,
-    strategy: Annotated[str, Query(max_length=32, description="checkpoint strategy (memory)")] = "optimal",
+    strategy: Annotated[StrategyName, Query(description="checkpoint strategy (memory)")] = "optimal",
     law: Annotated[LawName | None, Query(description="null: the library's default")] = None,
 ) -> Response:
     query = dict(locals())
