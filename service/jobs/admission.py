@@ -38,10 +38,13 @@ from memplan.service.jobs.configs import PROFILE_CONFIGS, RUN_CONFIGS
 from memplan.service.settings import Settings
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["JobEstimate", "AdmissionError", "DECLARED", "admit", "estimate", "job_memory_limit",
-           "physical_memory_bytes"]
+__all__ = ["JobEstimate", "AdmissionError", "DECLARED", "MEASURED_MAX_LAYERS", "admit", "estimate",
+           "job_memory_limit", "physical_memory_bytes"]
 
 log = logging.getLogger(__name__)
+
+# blocks of a profile that is measured (executed); analytic ones may go to the config's bound
+MEASURED_MAX_LAYERS = 1024
 
 # 'module:function' of a built-in job function -> (its kind, the config models by model name)
 DECLARED: dict[str, tuple[str, dict[str, type[BaseModel]]]] = {
@@ -158,10 +161,7 @@ def estimate(kind: str, model: str, cfg: BaseModel, request: dict[str, Any], set
     fixed = prof.fixed_bytes
     memory = fixed + sim.peak_bytes
     if kind == "profile":
-        if request.get("analytic"):
-            memory, parts = 0, {"body.repeats": 0.0}  # derived from shapes: nothing is executed
-        else:
-            parts = {"body.repeats": step_s * (int(request.get("repeats", 5)) + int(request.get("warmup", 2)))}
+        parts = {"body.repeats": step_s * (int(request.get("repeats", 5)) + int(request.get("warmup", 2)))}
     else:
         repeats = int(getattr(cfg, "repeats", 3))
         memory += fixed  # the reference model and optimizer
@@ -185,7 +185,8 @@ def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: s
           worker_device: dict[str, Any] | None = None, model_prefix: str = "body") -> JobEstimate | None:
     """Check a job's request before it is queued: `timeout_s` within `job_timeout_s`; for a
     built-in job function, `model` known, `config` valid for it, and the estimate within the
-    limits. Returns the estimate (None for an unchecked job function). Raises AdmissionError
+    limits. Returns the estimate (None for an unchecked job function, or an analytic profile,
+    which executes nothing). Raises AdmissionError
     naming the field: `body.<field>`, except `model` and `config` which are named under
     `model_prefix` (a sweep's `body.models.<k>`)."""
     prefix = "body"
@@ -199,6 +200,12 @@ def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: s
     model = request.get("model", "gpt")
     cfg = _typed_config(declared[1], model, dict(request.get("config") or {}),
                         model_field=f"{model_prefix}.model", config_field=f"{model_prefix}.config")
+    if kind == "profile" and request.get("analytic"):
+        return None  # derived from shapes: nothing is executed, nothing to estimate
+    depth = getattr(cfg, "n_layer", 0)
+    if kind == "profile" and depth > MEASURED_MAX_LAYERS:
+        raise AdmissionError(f"{model_prefix}.config.n_layer", f"a measured profile has at most "
+                             f"{MEASURED_MAX_LAYERS:,} blocks, got {depth:,}; ask for analytic: true")
     est = estimate(kind, model, cfg, request, settings, worker_device=worker_device)
     if est.memory_limit_bytes is not None and est.memory_bytes > est.memory_limit_bytes:
         raise AdmissionError(

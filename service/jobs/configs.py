@@ -11,7 +11,8 @@ run on a CPU is far smaller) and narrow enough that the estimate of a job's memo
 actually afford is the estimate's business, against the settings (`job_max_bytes`,
 `job_timeout_s`); the bounds here only stop absurd requests before any arithmetic.
 Profiles may be analytic (derived from shapes, never executed), so their depth bound is the
-planner's stage limit's order (10,000 blocks), not a measured run's (1,024).
+planner's stage limit's order (10,000 blocks); a measured profile is held to a run's 1,024 at
+admission (admission.MEASURED_MAX_LAYERS), which also keeps the estimate's replay short.
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ def _fields(r: httpx.Response) -> list[str]:
     ("/v1/runs", {"steps": 10_001}, "body.steps"),
     ("/v1/runs", {"timeout_s": 3601}, "body.timeout_s"),  # above the server's job_timeout_s
     ("/v1/profiles", {"repeats": 1_000_000_000}, "body.repeats"),
-    ("/v1/profiles", {"config": {"n_layer": 10_001}}, "body.config.n_layer"),
+    ("/v1/profiles", {"config": {"n_layer": 10_001}, "analytic": True}, "body.config.n_layer"),
+    ("/v1/profiles", {"config": {"n_layer": 1025, "n_embd": 64, "n_head": 4}}, "body.config.n_layer"),  # measured
     ("/v1/profiles", {"config": {"exit_layers": 3}}, "body.config.exit_layers"),
     ("/v1/profiles", {"config": {"moe_experts": 4, "moe_top_k": 8}}, "body.config.moe_top_k"),
     ("/v1/profiles", {"model": "conv", "config": {"image_size": 30}}, "body.config.image_size"),
@@ -113,6 +114,8 @@ def test_time_estimate_refuses_past_the_jobs_own_limit(ac):
     # an analytic profile executes nothing: a model far larger than the machine is admitted
     big = {"config": {"n_layer": 96, "n_embd": 12288, "n_head": 96}, "analytic": True}
     assert ac.post("/v1/profiles", json=big).status_code == 202
+    deep = {"config": {"n_layer": 10_000, "n_embd": 64, "n_head": 4}, "analytic": True}
+    assert ac.post("/v1/profiles", json=deep).status_code == 202
 
 
 def test_other_job_functions_judge_their_own_config():
