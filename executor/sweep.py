@@ -3,7 +3,9 @@ planned (and, where the executor can, run and compared), gathered into one repor
 
 A cell is independent of every other, so a backend fans the cells out (the service's job worker,
 one after another; a Ray cluster, in parallel: `memplan.service.backends`); `sweep_cell(request, ctx)` is
-the job function every backend calls, and `gather(spec, outcomes)` builds the report.
+the job function every backend calls, and `gather(spec, outcomes)` builds the report. `run_sweep`
+runs the cells here, or through the map function its caller hands it (the CLI passes the Ray
+backend's `map_cells`): the executor never imports the service above it.
 
 NOTE [ Reproducible sweeps ]
 Every byte a measured profile holds is exact and repeatable, but its times are not, and a planner
@@ -12,6 +14,27 @@ choosing the fastest schedule within a budget may choose another one when two ar
 bytes, times from FLOPs), so that the plans, their predictions and the measured peaks of a sweep
 are the same on every run and every backend; `profile="measured"` (the default) measures each
 configuration first, as `memplan run` does.
+
+NOTE [ A cell profiles the model it runs ]
+The analytic profile is made from the configuration of the model the cell has built
+(`memplan_config` of its first stage, which `build_gpt` and `build_conv` record): the attention
+path its features chose (math unless "flash"), experts, widths, dtype; the intra-op threads the
+run has (the flash kernel's buffers are per thread); and, for the mixed policies, the autocast
+dtype the run uses. A profile of another model than the one run predicts another peak (an
+analytic profile assuming flash for a run on the math path: +13.9%), so nothing here restates a
+setting. Features that change the model after it is built (qat, prune) and early exit (shapes
+that depend on the data) have no analytic profile: such a cell asks for profile "measured".
+
+NOTE [ When a run is ok ]
+A run is "ok" when the executor finds its gradients, loss and buffers as the unplanned step's, its
+measured peak is within `peak_tolerance_pct` of the prediction (default 1%: the replay is exact to
+the byte on the CPU), and, when the spec sets `time_tolerance_pct`, its measured time within that
+(`time_ratio` = measured / predicted seconds per step, reported either way). Time is not judged
+by default because a small model's step time on a shared CPU is noise: a 2-layer, width-32 GPT
+cell measured -578% to +83% off its measured profile's prediction with other jobs on the 2 cores.
+Analytic profiles' times are FLOPs at an assumed rate (`flops_per_s`), not a prediction for this
+machine, so their time is judged only when the spec gives `flops_per_s` too. A cell runs at least
+two steps: the executor times every step but the last, whose memory it measures.
 
 NOTE [ Precision policies in a run ]
 The executor runs fp32 weights with AdamW, under autocast for the mixed policies: "fp32",
@@ -28,12 +51,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from memplan.executor.features import check_features
 from memplan.executor.report import ExecutorError
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 __all__ = [
     "SweepModel", "SweepSpec", "SweepCell", "SweepReport", "RUNNABLE_PRECISIONS", "cells",
-    "sweep_cell", "gather", "plot_sweep", "run_sweep", "MAX_CELLS",
+    "sweep_cell", "gather", "plot_sweep", "run_sweep", "MAX_CELLS", "Outcome", "MapCells",
 ]
 
 log = logging.getLogger(__name__)
@@ -41,7 +65,8 @@ log = logging.getLogger(__name__)
 MAX_CELLS = 256
 RUNNABLE_PRECISIONS = {"fp32": None, "bf16-mixed": "bfloat16", "fp16-mixed": "float16"}
 _MODEL_KEYS = ("n_layer", "n_embd", "n_head", "block_size", "vocab_size", "batch_size", "dropout",
-               "repeats")
+               "repeats", "features")
+_NOT_ANALYTIC = ("qat", "prune", "exit")  # change the model after it is built, or data-dependent shapes
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 Scalar = StrictBool | StrictInt | StrictFloat | StrictStr | None
@@ -76,8 +101,19 @@ class SweepSpec(BaseModel):
     profile: Literal["measured", "analytic"] = Field(
         default="measured", description="measure each configuration, or derive it from shapes")
     run: bool = Field(default=True, description="run each feasible plan and compare (else plan only)")
-    steps: int = Field(default=2, ge=1, le=100, description="training steps per run")
+    steps: int = Field(default=2, ge=2, le=100, description="training steps per run: all but the "
+                       "last timed, the last measured for memory (NOTE [ When a run is ok ])")
     device: str | None = Field(default=None, max_length=32, description="'cpu' or 'cuda[:i]'")
+    peak_tolerance_pct: float = Field(
+        default=1.0, ge=0, le=100, description="largest |measured - predicted| peak, % of measured, "
+        "of a run that is ok")
+    time_tolerance_pct: float | None = Field(
+        default=None, ge=0, description="largest |measured - predicted| seconds per step, % of "
+        "measured, of a run that is ok; null (the default): time reported, not judged (NOTE "
+        "[ When a run is ok ])")
+    flops_per_s: float | None = Field(
+        default=None, gt=0, description="analytic profiles: this machine's rate (FLOPs per second) "
+        "for their times; null: 1e12 and their time is not judged")
 
 
 class SweepCell(BaseModel):
@@ -107,10 +143,14 @@ class SweepCell(BaseModel):
     predicted_overhead: float | None = None
     checkpoints: list[int] = Field(default_factory=list)
     ran: bool = False
-    run_status: str | None = Field(default=None, description="'ok' or 'mismatch' (the executor's)")
+    run_status: str | None = Field(default=None, description="'ok' or 'mismatch' (NOTE [ When a "
+                                   "run is ok ])")
+    run_message: str | None = Field(default=None, description="why a run is not ok, or what it matched")
     measured_peak_bytes: int | None = None
     peak_error_pct: float | None = None
-    measured_time_s: float | None = None
+    measured_time_s: float | None = Field(default=None, description="median seconds per step")
+    time_ratio: float | None = Field(default=None, description="measured / predicted seconds per step")
+    time_error_pct: float | None = None
     measured_fixed_bytes: int | None = None
     grad_max_abs_diff: float | None = None
     grad_max_rel_diff: float | None = None
@@ -129,7 +169,8 @@ class SweepReport(BaseModel):
     cancelled: int
     feasible: int
     ran: int
-    runs_ok: int = Field(description="runs whose gradients matched the unplanned step")
+    runs_ok: int = Field(description="runs whose gradients matched the unplanned step and whose "
+                         "peak and time met their tolerances")
     max_abs_peak_error_pct: float | None = Field(description="over the cells that ran")
     pareto: dict[str, list[int]] = Field(
         description="'label / precision' -> indices of the cells on the front of (total bytes, time)")
@@ -161,6 +202,19 @@ def _check_spec(spec: SweepSpec) -> None:
         if spec.profile == "analytic" and float(m.config.get("dropout", 0.1) or 0) > 0:
             raise ExecutorError(f"models[{k}].config.dropout: the analytic profile covers dropout 0; "
                                 "set it to 0 or use profile 'measured'")
+        feats = m.config.get("features")
+        if feats is not None and not isinstance(feats, str):
+            raise ExecutorError(f"models[{k}].config.features: a comma-separated string, e.g. "
+                                f"'flash,moe', not {feats!r}")
+        try:
+            names = check_features((feats or "").split(","))
+        except ValueError as err:
+            raise ExecutorError(f"models[{k}].config.features: {str(err).split(': ', 1)[-1]}") from None
+        bad_f = [f for f in names if f in _NOT_ANALYTIC]
+        if spec.profile == "analytic" and bad_f:
+            raise ExecutorError(f"models[{k}].config.features: {', '.join(bad_f)} has no analytic "
+                                "profile (NOTE [ A cell profiles the model it runs ]); use profile "
+                                "'measured'")
     n = len(spec.models) * len(spec.budgets_bytes) * len(spec.strategies) * len(spec.precisions)
     if n > MAX_CELLS:
         raise ExecutorError(f"models x budgets_bytes x strategies x precisions: {n} cells, more than "
@@ -179,6 +233,8 @@ def cells(spec: SweepSpec | dict) -> list[dict[str, Any]]:
             "config": dict(m.config), "budget_bytes": budget, "strategy": strategy,
             "precision": precision, "n_gpus": spec.n_gpus, "zero_stage": spec.zero_stage,
             "profile": spec.profile, "run": spec.run, "steps": spec.steps, "device": spec.device,
+            "peak_tolerance_pct": spec.peak_tolerance_pct,
+            "time_tolerance_pct": spec.time_tolerance_pct, "flops_per_s": spec.flops_per_s,
         })
     return out
 
@@ -187,20 +243,56 @@ def _runspec(req: dict[str, Any]):
     from memplan.executor.pipeline import RunSpec
 
     cfg = dict(req.get("config") or {})
+    cfg["features"] = tuple(check_features(str(cfg.get("features") or "").split(",")))
     return RunSpec(model=req["model"], budget_bytes=req.get("budget_bytes"), strategy=req["strategy"],
-                   steps=int(req.get("steps", 2)), **cfg)
+                   steps=max(2, int(req.get("steps", 2))), **cfg)
 
 
-def _analytic(spec, req: dict[str, Any]):
+def _analytic(stages, req: dict[str, Any], precision: str):
+    """The analytic profile of the model `stages` were built as (NOTE [ A cell profiles the model
+    it runs ]), for the run's threads and, under a mixed policy, its autocast."""
+    import torch
     from memplan.profiler import analytic
 
-    if spec.model == "gpt":
-        cfg = dict(n_layer=spec.n_layer, n_embd=spec.n_embd, n_head=spec.n_head,
-                   block_size=spec.block_size, vocab_size=spec.vocab_size,
-                   batch_size=spec.batch_size, dropout=spec.dropout)
-        return analytic.gpt_analytic_profile(cfg, device="cpu")
-    cfg = dict(blocks=(spec.n_layer,) * 3, batch_size=spec.batch_size)
-    return analytic.conv_analytic_profile(cfg, device="cpu")
+    built = dict(getattr(stages[0], "memplan_config", None) or {})
+    family = built.pop("family", None)
+    mixed = {"precision": precision} if RUNNABLE_PRECISIONS.get(precision) else {}
+    rate = {"flops_per_s": req["flops_per_s"]} if req.get("flops_per_s") else {}
+    if family == "gpt":
+        return analytic.gpt_analytic_profile(built, device="cpu", cpu_threads=torch.get_num_threads(),
+                                             **mixed, **rate)
+    if family == "conv":
+        return analytic.conv_analytic_profile(built, device="cpu", **mixed, **rate)
+    raise ExecutorError(f"model: {req['model']!r} records no configuration to profile analytically; "
+                        "use profile 'measured'")
+
+
+def _judge(report, req: dict[str, Any]) -> dict[str, Any]:
+    """The cell's run status and message from the executor's report and the tolerances (NOTE
+    [ When a run is ok ])."""
+    problems = [report.message] if report.status != "ok" else []
+    peak_tol = float(req.get("peak_tolerance_pct", 1.0))
+    if report.peak_error_pct is None or abs(report.peak_error_pct) > peak_tol:
+        problems.append(f"peak {report.measured_peak_bytes} B measured, {report.predicted_peak_bytes} B "
+                        f"predicted ({_pct(report.peak_error_pct)}; tolerance {peak_tol:g}%)")
+    time_tol = req.get("time_tolerance_pct")
+    ratio = (report.measured_time_s / report.predicted_time_s
+             if report.predicted_time_s and report.measured_time_s else None)
+    judged = time_tol is not None and (req.get("profile") != "analytic" or req.get("flops_per_s"))
+    if judged and (report.time_error_pct is None or abs(report.time_error_pct) > float(time_tol)):
+        problems.append(f"time {report.measured_time_s:.4g} s measured, {report.predicted_time_s:.4g} s "
+                        f"predicted ({_pct(report.time_error_pct)}; tolerance {float(time_tol):g}%)")
+    message = "; ".join(problems) or (
+        f"{report.message}; peak {_pct(report.peak_error_pct)}"
+        + (f", time {_pct(report.time_error_pct)}" if judged else
+           ", time not judged (analytic times are FLOPs at an assumed rate)" if time_tol is not None
+           else ", time not judged"))
+    return dict(run_status="mismatch" if problems else "ok", run_message=message, time_ratio=ratio,
+                time_error_pct=report.time_error_pct)
+
+
+def _pct(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:+.3g}%"
 
 
 def sweep_cell(request: dict[str, Any], ctx: Any = None) -> SweepCell:
@@ -232,8 +324,11 @@ def sweep_cell(request: dict[str, Any], ctx: Any = None) -> SweepCell:
     progress(0.05, "building")
     stages, x = _build(spec)
     if req["profile"] == "analytic":
-        prof = _analytic(spec, req)
+        prof = _analytic(stages, req, precision)
     else:
+        from memplan.executor.features import apply_features
+
+        apply_features(stages, spec.features)
         from memplan.profiler.measure import profile_chain
 
         prof = profile_chain(stages, x, repeats=spec.repeats, warmup=1, name=spec.model,
@@ -260,9 +355,10 @@ def sweep_cell(request: dict[str, Any], ctx: Any = None) -> SweepCell:
         raise ExecutorError(f"precision: {precision!r} cannot be run; set run to false")
     progress(0.5, "running")
     report = run_plan(stages, x, plan, profile=prof, steps=spec.steps, autocast_dtype=dtype,
+                      features=spec.features,
                       on_step=lambda d, t: progress(0.5 + 0.5 * d / t, f"step {d}/{t}"))
     return cell.model_copy(update=dict(
-        ran=True, run_status=report.status, measured_peak_bytes=report.measured_peak_bytes,
+        ran=True, **_judge(report, req), measured_peak_bytes=report.measured_peak_bytes,
         peak_error_pct=report.peak_error_pct, measured_time_s=report.measured_time_s,
         measured_fixed_bytes=report.measured_fixed_bytes, grad_max_abs_diff=report.grad_max_abs_diff,
         grad_max_rel_diff=report.grad_max_rel_diff, loss=report.loss,
@@ -356,19 +452,23 @@ def _outcome(fn: Callable[[], Any]) -> tuple[str, dict | None, str | None]:
         return "failed", None, str(err)
 
 
+Outcome = tuple[str, dict | None, str | None]  # (state, the cell's result, error detail)
+MapCells = Callable[..., list[Outcome]]
+
+
 def run_sweep(
     spec: SweepSpec | dict,
     *,
-    ray_address: str | None = None,
+    map_cells: MapCells | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SweepReport:
-    """Run every cell of `spec` here, one after another, or on the Ray cluster at `ray_address`
-    (`memplan.service.backends.ray_backend.map_cells`, a task per cell), and gather the report."""
+    """Run every cell of `spec` and gather the report (a `SweepReport`): here, one after another,
+    or through `map_cells(requests, progress=progress)`, which runs `sweep_cell` on each request
+    wherever it likes and returns an `Outcome` per request, in order (the Ray backend's
+    `map_cells` with its address bound, a task per cell)."""
     reqs = cells(spec)
-    if ray_address:
-        from memplan.service.backends.ray_backend import map_cells
-
-        outcomes = map_cells(reqs, address=ray_address, progress=progress)
+    if map_cells is not None:
+        outcomes = map_cells(reqs, progress=progress)
     else:
         outcomes = []
         for k, req in enumerate(reqs):

@@ -46,7 +46,14 @@ def sweep_cmd(
 
         with Progress(transient=True, console=console()) as bar:
             task = bar.add_task("sweep", total=None)
-            report = run_sweep(body, ray_address=ray,
+            map_cells = None
+            if ray:  # the executor takes the map function; the Ray backend lives in the service
+                from functools import partial
+
+                from memplan.service.backends.ray_backend import map_cells as ray_map
+
+                map_cells = partial(ray_map, address=ray)
+            report = run_sweep(body, map_cells=map_cells,
                                progress=lambda done, total: bar.update(task, completed=done, total=total))
         if plot is not None:
             plot_sweep(report, plot)
@@ -75,7 +82,7 @@ def _on_server(server: str, body, plot: Path | None, wait_s: float) -> dict:
 def _print(report, plot) -> None:
     from rich.table import Table
 
-    from memplan.units import format_bytes
+    from memplan.planner.units import format_bytes
 
     out = console()
     t = Table(title=f"sweep: {report.n_cells} cells, {report.ran} run, {report.runs_ok} ok")
