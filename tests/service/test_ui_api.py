@@ -103,7 +103,8 @@ def test_timeline_is_the_plan_and_its_replay(app_client, strategy, budget, optio
     assert r.status_code == 200, r.text
     got = r.json()
     plan, tl = got["plan"], got["timeline"]
-    assert plan == app_client.post("/v1/plans", json=body).json()
+    plain = app_client.post("/v1/plans", json=body).json()
+    assert {**plan, "message": ""} == {**plain, "message": ""}  # the message may carry seconds
     assert plan["feasible"], plan["message"]
     sim = simulate(profile, plan["schedule"])
     assert tl["predicted_bytes"] == sim.timeline

@@ -1,0 +1,426 @@
+"""The page in a real browser: headless Chromium (Debian's `chromium`), driven over the DevTools
+protocol, loads `/` from a live `memplan serve` on 127.0.0.1, uploads a profile, moves the budget
+with the keyboard and by typing, and checks that the stage table, the summary, the timeline and
+the frontier show exactly the numbers the API gives for the same request. Every request the page
+makes is recorded in the browser and must go to the server. Screenshots are kept under the test's
+tmp dir (the path is printed; `pytest -s` shows it).
+
+Without Chromium these tests skip, saying how to install it.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.conftest import make_profile
+from tests.service.server import free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = [
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="needs Chromium for the browser tests: apt-get install -y chromium (Debian's package)",
+    ),
+    pytest.mark.timeout(300),
+]
+
+websocket = pytest.importorskip(
+    "websocket", reason="needs websocket-client (pip install -e '.[dev]') to drive Chromium"
+)
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-extensions", "--disable-default-apps", "--mute-audio",
+         "--window-size=1280,1800", "--remote-debugging-port=0"]
+
+
+class Serve:
+    """`memplan serve` on 127.0.0.1 and a free port, with its own store and the fake job functions."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        memplan = Path(sys.executable).with_name("memplan")
+        cmd = ([str(memplan)] if memplan.exists() else [sys.executable, "-c", "from memplan.cli import main; main()"])
+        self.log = data_dir / "serve.log"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [*cmd, "serve", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--data-dir", str(data_dir), "--log-level", "warning"],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "MEMPLAN_RUN_JOB": "tests.service.fake_jobs:run",
+                     "MEMPLAN_PROFILE_JOB": "tests.service.fake_jobs:profile",
+                     "MEMPLAN_HEARTBEAT_S": "0.2",
+                     "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                     **(env or {})},
+            )
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"memplan serve exited:\n{self.log.read_text()}")
+            try:
+                return httpx.get(self.url + "/v1/healthz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(ready, timeout_s=60, every_s=0.1, what="memplan serve to answer")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Browser:
+    """Headless Chromium and one page, over the DevTools protocol (websocket-client)."""
+
+    def __init__(self, profile_dir: Path) -> None:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={profile_dir}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        port_file = profile_dir / "DevToolsActivePort"
+        wait_for(lambda: port_file.exists() and len(port_file.read_text().split()) >= 2,
+                 timeout_s=60, every_s=0.1, what="Chromium's DevTools port")
+        port = int(port_file.read_text().split()[0])
+        targets = wait_for(lambda: [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=5).json()
+                                    if t.get("type") == "page"], timeout_s=30, what="a page target")
+        self.ws = websocket.create_connection(targets[0]["webSocketDebuggerUrl"], timeout=60,
+                                              suppress_origin=True)
+        self.ids = itertools.count(1)
+        self.events: list[dict] = []
+        for domain in ("Page", "Runtime", "Network", "DOM", "Log"):
+            self.send(f"{domain}.enable")
+
+    def send(self, method: str, **params) -> dict:
+        """Call a DevTools method; returns its result (events that arrive meanwhile are kept)."""
+        mid = next(self.ids)
+        self.ws.send(json.dumps({"id": mid, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == mid:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            if "method" in msg:
+                self.events.append(msg)
+
+    def js(self, expr: str):
+        """The value of a JavaScript expression in the page (awaited if a promise)."""
+        r = self.send("Runtime.evaluate", expression=expr, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{expr}: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def wait(self, expr: str, what: str, timeout_s: float = 60.0):
+        return wait_for(lambda: self.js(expr), timeout_s=timeout_s, every_s=0.05, what=what)
+
+    def key(self, key: str, code: str | None = None, vk: int | None = None) -> None:
+        """Press and release one key in the focused element, as a user would."""
+        extra = {"windowsVirtualKeyCode": vk, "nativeVirtualKeyCode": vk} if vk else {}
+        text = {"Enter": "\r"}.get(key)  # a key with text makes a keypress (implicit submission)
+        down = {"type": "keyDown", "text": text} if text else {"type": "rawKeyDown"}
+        self.send("Input.dispatchKeyEvent", key=key, code=code or key, **down, **extra)
+        self.send("Input.dispatchKeyEvent", type="keyUp", key=key, code=code or key, **extra)
+
+    def type(self, text: str) -> None:
+        self.send("Input.insertText", text=text)
+
+    def screenshot(self, path: Path) -> Path:
+        data = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]
+        path.write_bytes(base64.b64decode(data))
+        print(f"screenshot: {path}")
+        return path
+
+    def requests(self) -> list[str]:
+        """URLs of every request the page made so far (as the browser's network layer saw them)."""
+        self.send("Runtime.evaluate", expression="0")  # flush events already sent
+        return [e["params"]["request"]["url"] for e in self.events
+                if e["method"] == "Network.requestWillBeSent"]
+
+    def errors(self) -> list[str]:
+        return [json.dumps(e["params"])[:500] for e in self.events
+                if e["method"] == "Runtime.exceptionThrown"
+                or (e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error"
+                    and e["params"]["entry"].get("source") != "network")]
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+        finally:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory):
+    srv = Serve(tmp_path_factory.mktemp("ui-serve"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def keyed_serve(tmp_path_factory):
+    srv = Serve(tmp_path_factory.mktemp("ui-serve-key"), env={"MEMPLAN_API_KEY": "s3cret"})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def browser(tmp_path):
+    b = Browser(tmp_path / "chromium-profile")
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("ui-screenshots")
+    print(f"screenshots in {path}")
+    return path
+
+
+def open_page(b: Browser, url: str) -> None:
+    b.send("Page.navigate", url=url + "/")
+    b.wait("document.readyState === 'complete' && document.body.dataset.ready === '1'", "the page to start")
+
+
+def shown(b: Browser) -> dict:
+    """What the page shows for its current plan, read from the DOM."""
+    return b.js("""(() => {
+      const cells = (sel, col) => [...document.querySelectorAll(sel + ' tbody tr')].map(r => r.cells[col].textContent);
+      const data = (sel, col) => [...document.querySelectorAll(sel + ' tbody tr')].map(r => Number(r.cells[col].dataset.bytes));
+      return {
+        budget: Number(document.querySelector('#plan-section').dataset.budget),
+        peak: Number(document.querySelector('#sum-peak').dataset.bytes),
+        seconds: Number(document.querySelector('#sum-time').dataset.seconds),
+        overhead: Number(document.querySelector('#sum-overhead').dataset.overhead),
+        roles: cells('#stages', 2),
+        forwards: cells('#stages', 3).map(Number),
+        timeline: data('#timeline-table', 2),
+        ops: cells('#timeline-table', 1),
+        chart_ops: Number(document.querySelector('#timeline-line').dataset.ops),
+        chart_peak: Number(document.querySelector('#timeline-peak').dataset.bytes),
+        chart_peak_op: Number(document.querySelector('#timeline-peak').dataset.op),
+        frontier: data('#frontier-table', 1),
+        baselines: data('#baselines-table', 1),
+        frontier_current: Number(document.querySelector('#frontier-current').dataset.bytes),
+        frontier_markers: document.querySelectorAll('#frontier-chart .baseline').length,
+      };
+    })()""")
+
+
+def check_against_api(b: Browser, url: str, profile: dict, frontier: dict) -> dict:
+    """The page's numbers equal the API's for the budget the page last planned."""
+    got = shown(b)
+    body = {"profile": profile, "budget_bytes": got["budget"], "strategy": "optimal"}
+    api = httpx.post(url + "/v1/plans/timeline", json=body, timeout=60).json()
+    plain = httpx.post(url + "/v1/plans", json=body, timeout=60).json()
+    plan, tl = api["plan"], api["timeline"]
+    # the page's route answers POST /v1/plans' plan (the message may carry the solve's seconds)
+    assert {**plan, "message": ""} == {**plain, "message": ""}
+    assert got["peak"] == plan["predicted"]["peak_bytes"]
+    assert got["seconds"] == plan["predicted"]["time_s"]
+    assert got["overhead"] == plan["predicted"]["overhead"]
+    assert got["roles"] == [s["role"] for s in tl["stages"]]
+    assert got["forwards"] == [s["forwards"] for s in tl["stages"]]
+    assert got["timeline"] == tl["predicted_bytes"]
+    assert got["ops"] == [" ".join(map(str, op)) for op in plan["schedule"]]
+    assert got["chart_ops"] == len(plan["schedule"])
+    assert (got["chart_peak"], got["chart_peak_op"]) == (tl["peak_bytes"], tl["peak_op"])
+    assert got["frontier"] == [p["peak_bytes"] for p in frontier["points"]]
+    assert got["baselines"] == [p["peak_bytes"] for p in frontier["baselines"]]
+    assert got["frontier_markers"] == len(frontier["baselines"])
+    assert got["frontier_current"] == plan["predicted"]["peak_bytes"]
+    return got
+
+
+def test_upload_move_budget_and_see_the_api_numbers(serve, browser, tmp_path, artifacts):
+    b = browser
+    open_page(b, serve.url)
+    profile = make_profile(12)
+    path = tmp_path / "chain12.json"
+    path.write_text(json.dumps(profile))
+    frontier = httpx.post(serve.url + "/v1/plans/frontier", json={"profile": profile, "options": {"points": 60}},
+                          timeout=60).json()
+
+    # upload through the file input, as a user picking a file
+    node = b.send("DOM.querySelector", nodeId=b.send("DOM.getDocument")["root"]["nodeId"], selector="#upload")
+    b.send("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
+    b.wait("Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
+    assert "chain12" in b.js("document.querySelector('#profile-info').textContent")
+    first = check_against_api(b, serve.url, profile, frontier)
+    assert first["budget"] == frontier["least_peak_bytes"] + round(
+        0.5 * (frontier["store_all_peak_bytes"] - frontier["least_peak_bytes"]))
+    b.screenshot(artifacts / "1-uploaded.png")
+
+    # the slider, by keyboard: Home is the least feasible budget
+    b.js("document.querySelector('#budget-range').focus()")
+    b.key("Home", vk=36)
+    b.wait(f"Number(document.querySelector('#plan-section').dataset.budget) === {frontier['least_peak_bytes']}",
+           "the plan at the least budget")
+    least = check_against_api(b, serve.url, profile, frontier)
+    assert least["peak"] <= frontier["least_peak_bytes"] < first["peak"]
+    assert least["roles"] != first["roles"]  # more is recomputed
+    assert sum(least["forwards"]) > sum(first["forwards"])
+    b.screenshot(artifacts / "2-least-budget.png")
+
+    # typed: store-all's peak gives the store-all plan (every stage stored, no recompute)
+    b.js("(() => { const t = document.querySelector('#budget-text'); t.focus(); t.select(); })()")
+    b.type(f"{frontier['store_all_peak_bytes']}B")
+    b.key("Enter", vk=13)
+    b.wait(f"Number(document.querySelector('#plan-section').dataset.budget) === {frontier['store_all_peak_bytes']}",
+           "the plan at the typed budget")
+    full = check_against_api(b, serve.url, profile, frontier)
+    assert set(full["roles"]) == {"stored"} and full["overhead"] == 0
+    assert b.js("Number(document.querySelector('#budget-range').value)") == 1000
+
+    # the timeline names the op under the keyboard cursor and under the pointer
+    b.js("document.querySelector('#timeline-chart').focus()")
+    b.key("End", vk=35)
+    assert b.js("document.querySelector('#timeline-cursor').textContent").startswith(
+        f"op {len(full['ops']) - 1} of {len(full['ops'])}: B 1")
+    box = b.js("(() => { const r = document.querySelector('#timeline-chart').getBoundingClientRect();"
+               " return [r.left, r.top, r.width, r.height]; })()")
+    b.send("Input.dispatchMouseEvent", type="mouseMoved", x=box[0] + box[2] * (70 + 0.5 * (860 - 82) / len(full["ops"])) / 860,
+           y=box[1] + box[3] / 2)
+    b.wait("document.querySelector('#timeline-cursor').dataset.op === '0'", "the op under the pointer")
+    assert b.js("document.querySelector('#timeline-cursor').textContent").startswith(f"op 0 of {len(full['ops'])}: R 1")
+    b.screenshot(artifacts / "3-store-all.png")
+
+    # a bad typed budget: one clear message naming the field, and the plan stays
+    b.js("(() => { const t = document.querySelector('#budget-text'); t.focus(); t.select(); })()")
+    b.type("eight gigs")
+    b.key("Enter", vk=13)
+    assert b.js("document.querySelector('#budget-error').textContent").startswith("budget: cannot read")
+
+    assert b.errors() == []
+    urls = b.requests()
+    assert any(u.endswith("/v1/plans/timeline") for u in urls)
+    outside = [u for u in urls if not u.startswith(serve.url + "/")]
+    assert outside == [], f"the page made requests outside the server: {outside}"
+
+
+def test_example_frontier_sizing_and_no_outside_requests(serve, browser, artifacts):
+    b = browser
+    open_page(b, serve.url)
+    names = b.js("[...document.querySelectorAll('#example option')].map(o => o.value).filter(Boolean)")
+    assert names == [e["name"] for e in httpx.get(serve.url + "/v1/examples").json()]
+    b.js("(() => { const s = document.querySelector('#example'); s.value = 'gpt24';"
+         " s.dispatchEvent(new Event('change')); })()")
+    b.wait("Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the example's plan", timeout_s=120)
+    gpt24 = httpx.get(serve.url + "/v1/examples/gpt24").json()
+    frontier = httpx.post(serve.url + "/v1/plans/frontier", json={"profile": gpt24, "options": {"points": 60}},
+                          timeout=120).json()
+    check_against_api(b, serve.url, gpt24, frontier)
+
+    # the sizing form answers what GET /v1/sizing answers
+    b.js("document.querySelector('#sz-compute').value = '5.76e23';"
+         "document.querySelector('#sz-law').value = 'hoffmann';"
+         "document.querySelector('#sizing-form').requestSubmit()")
+    b.wait("document.querySelector('#sizing-out [data-key=params]') !== null", "the sizing answer")
+    want = httpx.get(serve.url + "/v1/sizing", params={"compute_flops": 5.76e23, "law": "hoffmann",
+                                                       "devices": 1}).json()
+    got = float(b.js("document.querySelector('#sizing-out [data-key=params]').textContent"))
+    assert got == pytest.approx(want["params"], rel=1e-4)
+    b.js("window.scrollTo(0, 0)")
+    b.screenshot(artifacts / "4-example-gpt24.png")
+
+    assert b.errors() == []
+    outside = [u for u in b.requests() if not u.startswith(serve.url + "/")]
+    assert outside == [], f"the page made requests outside the server: {outside}"
+    # and the page could not if it tried: its Content-Security-Policy refuses other origins
+    blocked = b.js("""new Promise(done => {
+        document.addEventListener('securitypolicyviolation', e => done(e.blockedURI), {once: true});
+        fetch('http://198.51.100.1/x').catch(() => {});
+        setTimeout(() => done(null), 5000);
+      })""")
+    assert blocked is not None and blocked.startswith("http://198.51.100.1")
+
+
+def test_jobs_live_progress_and_cancel(serve, browser, artifacts):
+    b = browser
+    open_page(b, serve.url)
+    # a run started from the page's form streams its progress to the end
+    b.js("document.querySelector('#run-steps').value = '5'; document.querySelector('#run-form').requestSubmit()")
+    run_id = b.wait("(() => { const li = document.querySelector('#jobs li[id^=job-]');"
+                    " return li && li.id.slice(4); })()", "the run in the list")
+    b.wait(f"document.getElementById('job-{run_id}').dataset.state === 'succeeded'", "the run to succeed")
+    assert b.js(f"document.getElementById('job-{run_id}').querySelector('progress').value") == 1
+    assert httpx.get(f"{serve.url}/v1/runs/{run_id}").json()["state"] == "succeeded"
+
+    # a slow run, cancelled from the page
+    slow = httpx.post(serve.url + "/v1/runs", json={"steps": 1000, "config": {"sleep_s": 0.05}}).json()
+    b.js("document.querySelector('#jobs-refresh').click()")
+    b.wait(f"(() => {{ const li = document.getElementById('job-{slow['id']}');"
+           " return li && li.querySelector('button') !== null; })()", "the slow run's cancel button")
+    b.wait(f"document.getElementById('job-{slow['id']}').querySelector('progress').value > 0",
+           "the slow run's live progress")
+    b.js(f"document.getElementById('job-{slow['id']}').querySelector('button').click()")
+    wait_for(lambda: httpx.get(f"{serve.url}/v1/runs/{slow['id']}").json()["state"] == "cancelled",
+             timeout_s=60, what="the run to be cancelled")
+    b.wait(f"document.getElementById('job-{slow['id']}').dataset.state === 'cancelled'",
+           "the page to show the cancel")
+    b.screenshot(artifacts / "5-jobs.png")
+    assert b.errors() == []
+
+
+def test_analytic_profile_from_a_hugging_face_config(serve, browser):
+    b = browser
+    open_page(b, serve.url)
+    cfg = {"num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4,
+           "max_position_embeddings": 32, "vocab_size": 100, "model_type": "llama"}
+    b.js(f"document.querySelector('#hf').open = true; document.querySelector('#hf-config').value = {json.dumps(json.dumps(cfg))};"
+         "document.querySelector('#hf-batch').value = '2'; document.querySelector('#hf-go').click()")
+    b.wait("document.querySelector('#profile-info').textContent.includes('analytic GPT')", "the analytic profile")
+    job = httpx.get(serve.url + "/v1/profiles", params={"limit": 1}).json()["items"][0]
+    assert job["request"]["analytic"] is True and job["request"]["model"] == "gpt"
+    assert job["request"]["config"] == {"n_layer": 3, "n_embd": 64, "n_head": 4, "block_size": 32,
+                                        "vocab_size": 100, "batch_size": 2, "dtype": "bfloat16"}
+    # the page plans the job's result (the fake profile job: one stage per n_layer)
+    assert "3 stages" in b.js("document.querySelector('#profile-info').textContent")
+    assert b.errors() == []
+
+
+def test_api_key_is_asked_once_and_sent_as_a_bearer_token(keyed_serve, browser):
+    b = browser
+    b.send("Page.navigate", url=keyed_serve.url + "/")
+    b.wait("document.querySelector('#key-dialog')?.open === true", "the key dialog")
+    b.js("document.querySelector('#api-key').focus()")
+    b.type("s3cret")
+    b.key("Enter", vk=13)
+    b.wait("document.body.dataset.ready === '1'", "the examples, with the key")
+    assert not b.js("document.querySelector('#key-dialog').open")
+    assert b.js("document.querySelectorAll('#example option').length") == 3
+    b.wait("document.querySelector('#jobs-error').textContent === ''", "the job list")
+    sent = [e["params"]["request"] for e in b.events if e["method"] == "Network.requestWillBeSent"]
+    api = [r for r in sent if "/v1/" in r["url"]]
+    keyed = [r for r in api if r["headers"].get("Authorization") == "Bearer s3cret"]
+    assert {r["url"].split("?")[0].removeprefix(keyed_serve.url) for r in keyed} >= {
+        "/v1/examples", "/v1/runs", "/v1/profiles"}
+    # the examples and the job lists were refused before the key was known: one dialog for all
+    assert b.js("document.body.dataset.keyPrompts") == "1"
+    assert b.errors() == []
