@@ -162,3 +162,17 @@ def test_openapi_documents_the_new_routes_not_the_page(app_client):
     paths = app_client.get("/openapi.json").json()["paths"]
     assert "/v1/plans/timeline" in paths and "/v1/examples" in paths and "/v1/examples/{name}" in paths
     assert "/" not in paths and not any(p.startswith("/ui") for p in paths)
+
+
+def test_every_page_file_is_package_data():
+    # a wheel carries only what [tool.setuptools.package-data] names: the page must work from one
+    import fnmatch
+    import tomllib
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "memplan.service"]
+    files = [p.relative_to(STATIC_DIR.parent).as_posix() for p in STATIC_DIR.rglob("*") if p.is_file()]
+    assert files
+    missing = [f for f in files if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/")
+                                           for g in globs)]
+    assert missing == [], f"add globs for {missing} to package-data 'memplan.service' in pyproject.toml"
