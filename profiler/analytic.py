@@ -39,6 +39,20 @@ is pinned by the chain (a_{i-1}) and its output is a_i, so neither is counted in
 LayerNorm statistics are small but counted. `korthikanti_block_bytes` gives their number for
 comparison.
 
+NOTE [ Autocast's saved tensors ]
+Under a mixed policy (bf16-mixed, fp16-mixed: fp32 parameters, forwards under torch.autocast in a
+16-bit dtype c, 2 bytes) the residual stream, the LayerNorms and the loss stay fp32 and the Linear
+layers save 16-bit copies of their inputs and of their weights. Per block (flash, dense MLP):
+
+    ln_2's input (fp32) 4 BTC; LayerNorm statistics (fp32) 16 BT; logsumexp 4 BHT
+    c_attn's and c_fc's inputs, c BTC each; q, k, v 3 c BTD; the output (c_proj's input) c BTD
+    c_fc's output and GELU's (c_proj's input) 2 c BTF; the 16-bit weight copies c (4 CD + 2 CF)
+
+(the LayerNorms' fp32 outputs are not saved: each Linear keeps its own 16-bit copy). The head saves
+its statistics 8 BT, the 16-bit input and weight copies c BTC + c VC, the fp32 log-softmax 4 BTV
+and the loss; stage outputs are fp32. Measured equal on the CPU for B 4, T 16, C 32, 2 heads
+(91,648 bytes a block under bf16); the math path and experts under autocast are not covered.
+
 NOTE [ Mixture of experts ]
 With experts every shape is static because each expert works on a fixed `capacity` =
 ceil(capacity_factor * B T * k / E) slots (empty slots are zeros), so the bytes below are exact
@@ -66,6 +80,7 @@ import math
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
+from memplan.profiler.precision import infer_policy, policy_dtypes, precision_meta
 from memplan.profiler.schema import LayerProfile, Profile, ProfileError
 from memplan.profiler.transients import conv_transients, gpt_transients
 
@@ -124,18 +139,27 @@ def _device_kind(device: str) -> str:
     return kind
 
 
-def gpt_block_saved_bytes(cfg: Any, *, device: str = "cpu") -> int:
+def gpt_block_saved_bytes(cfg: Any, *, device: str = "cpu", precision: str | None = None) -> int:
     """Bytes autograd saves for one block of `memplan.profiler.models.gpt` (see the NOTE), exact on the CPU
-    for dropout 0 and no early exit."""
+    for dropout 0 and no early exit. `precision`: a mixed policy (bf16-mixed, fp16-mixed) prices
+    the block under autocast (NOTE [ Autocast's saved tensors ]); None or a pure one: `cfg`'s dtype."""
     c = _config(cfg, _GPT_DEFAULTS)
     kind = _device_kind(device)
     _check_exactness(c)
     B, T, C, H = c["batch_size"], c["block_size"], c["n_embd"], c["n_head"]
     _, D, F = _widths(c)
+    N = B * T
+    param_dtype, compute_dtype = _policy(c, precision)
+    if param_dtype != compute_dtype:
+        _check_autocast_covered(c, precision)
+        r, e = _ELEMENT[param_dtype], _ELEMENT[compute_dtype]
+        saved = r * N * C + 16 * N + 4 * B * H * T  # ln_2 input, LayerNorm statistics, logsumexp
+        saved += e * (2 * N * C + 4 * N * D + 2 * N * F)  # Linear inputs, q k v, output, MLP hidden
+        saved += e * (4 * C * D + 2 * C * F)  # the Linears' 16-bit weight copies
+        return saved + (24 if kind == "cuda" else 0)  # flash's RNG state on a GPU
     e = _ELEMENT[c["dtype"]]
     s = e if kind == "cpu" else 4
     m = 4 if e == 2 else e
-    N = B * T
     saved = e * N * C + 2 * e * N * C + 4 * s * N  # ln_2 input, ln outputs, statistics
     if c["attention"] == "flash":
         saved += 3 * e * N * D + e * N * D + 4 * B * H * T  # qkv, output, logsumexp
@@ -157,6 +181,29 @@ def gpt_block_saved_bytes(cfg: Any, *, device: str = "cpu") -> int:
     saved += 2 * e * E * cap * F  # expert hidden states
     saved += e * A * C + e * A + e * A * C  # gathered outputs, weights, weighted outputs
     return saved
+
+
+def _policy(c: dict[str, Any], precision: str | None) -> tuple[str, str]:
+    """(parameter dtype, compute dtype): the policy's, or `c`'s dtype for both when None. A policy
+    with a dtype in `c` other than its parameters' (or the default float32) is a conflict."""
+    if precision is None:
+        return c["dtype"], c["dtype"]
+    param_dtype, compute_dtype = policy_dtypes(precision)
+    if c["dtype"] not in (param_dtype, "float32"):
+        raise ProfileError(
+            f"dtype: {c['dtype']} conflicts with precision {precision!r}, which keeps parameters "
+            f"in {param_dtype} and computes in {compute_dtype}; leave dtype out (the policy sets it)"
+        )
+    return param_dtype, compute_dtype
+
+
+def _check_autocast_covered(c: dict[str, Any], precision: str | None) -> None:
+    if c["attention"] != "flash" or c["moe_experts"]:
+        raise ProfileError(
+            f"precision: the analytic profile prices {precision} (autocast) for flash attention "
+            "and a dense MLP only; measure this model under autocast (memplan profile --autocast "
+            "bfloat16) or use --attention flash --moe-experts 0"
+        )
 
 
 def _check_exactness(c: dict[str, Any]) -> None:
@@ -205,6 +252,7 @@ def gpt_analytic_profile(
     flops_per_s: float = 1e12,
     optimizer: str = "adamw",
     name: str | None = None,
+    precision: str | None = None,
     cpu_threads: int = 1,
 ) -> Profile:
     """The profile of `memplan.profiler.models.gpt` for `cfg` (a GPTConfig or a dict of its fields) from
@@ -213,9 +261,18 @@ def gpt_analytic_profile(
     GPU, see the NOTE); FLOPs counted like FlopCounterMode (matrix products); times from FLOPs at
     `flops_per_s`; transient bytes (tf_i, tf'_i, tb_i) from the allocation trace of
     `memplan.profiler.transients`, exact on the CPU with `cpu_threads` intra-op threads for the
-    dense model without autocast (estimates with experts, and on a GPU)."""
+    dense model without autocast (estimates with experts or autocast, and on a GPU).
+
+    `precision` (fp32, bf16-mixed, fp16-mixed, bf16; None: `cfg`'s dtype for parameters and
+    compute) sets the parameters' dtype (so the bytes per parameter of weights, gradients and the
+    optimizer's state) and the compute dtype (mixed: autocast). `meta["precision"]` records the
+    policy and optimizer assumed."""
     c = _config(cfg, _GPT_DEFAULTS)
     kind = _device_kind(device)
+    param_dtype, compute_dtype = _policy(c, precision)
+    mixed = param_dtype != compute_dtype
+    if mixed:
+        _check_autocast_covered(c, precision)
     if not flops_per_s > 0:
         raise ProfileError(f"flops_per_s: must be > 0, got {flops_per_s}")
     if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1:
@@ -227,10 +284,12 @@ def gpt_analytic_profile(
         raise ProfileError(f"dtype: choose one of {', '.join(_ELEMENT)}, not {c['dtype']!r}")
     B, T, C, H, V, L = (c[k] for k in ("batch_size", "block_size", "n_embd", "n_head", "vocab_size", "n_layer"))
     _, D, F = _widths(c)
-    e = _ELEMENT[c["dtype"]]
+    c = {**c, "dtype": param_dtype}
+    e = _ELEMENT[param_dtype]  # parameters, and every activation unless mixed
+    ce = _ELEMENT[compute_dtype]  # the matmuls' outputs under autocast
     s = e if kind == "cpu" else 4
     N = B * T
-    hidden = e * N * C
+    hidden = e * N * C  # the residual stream: the parameters' dtype under autocast too
     params = _gpt_params(c)
     E, k = c["moe_experts"], c["moe_top_k"]
 
@@ -254,18 +313,21 @@ def gpt_analytic_profile(
     layers = [
         stage("embed", "embed", 0, hidden, 8 * T, hidden + e * T * C, e * (V + T) * C, e * params["embed"]),
     ]
-    block_saved = gpt_block_saved_bytes(c, device=device)
+    block_saved = gpt_block_saved_bytes(c, device=device, precision=precision)
     for i in range(L):
         layers.append(
             stage(f"block.{i}", "block", block_flops, hidden, block_saved, hidden + attn_tmp // 2,
                   7 * hidden + attn_tmp, e * params["block"])
         )
     logits = 4 * N * V
+    head_saved = 2 * s * N + hidden + logits + 4  # statistics, ln_f output, log-softmax, loss
+    if mixed:  # statistics fp32, the Linear's 16-bit input and weight copies, fp32 log-softmax
+        head_saved = 8 * N + ce * N * C + ce * V * C + logits + 4
     layers.append(
-        stage("head", "head", head_flops, 4, 2 * s * N + hidden + logits + 4,
+        stage("head", "head", head_flops, 4, head_saved,
               logits + (e * N * V if e != 4 else 0), logits + e * N * V, e * params["head"])
     )
-    traced = not E  # NOTE [ Transient bytes from the allocation trace ]
+    traced = not mixed and not E  # NOTE [ Transient bytes from the allocation trace ]
     if traced:
         hd, _, _ = _widths(c)
         embed_t, block_t, head_t = gpt_transients(
@@ -291,7 +353,7 @@ def gpt_analytic_profile(
     return Profile(
         name=name or f"gpt-{L}x{C}",
         device=device,
-        dtype=c["dtype"],
+        dtype=compute_dtype,
         input_bytes=8 * N,
         fixed_bytes=fixed["total_bytes"],
         layers=layers,
@@ -300,11 +362,14 @@ def gpt_analytic_profile(
             "config": {"family": "gpt", **{k_: (list(v) if isinstance(v, tuple) else v) for k_, v in c.items()}},
             "flops_per_s": flops_per_s,
             "optimizer": optimizer,
+            "precision": precision_meta(precision or infer_policy(param_dtype, None), optimizer,
+                                        param_dtype, compute_dtype),
+            "autocast_dtype": compute_dtype if mixed else None,
             "fixed": fixed,
             "korthikanti_block_bytes": korthikanti_block_bytes(c),
             "attention_backend": c["attention"],
             "cpu_threads": cpu_threads,
-            "transients": "allocation trace" if traced else "estimate (experts)",
+            "transients": "allocation trace" if traced else "estimate (experts or autocast)",
             "exact": ["output_bytes", "saved_bytes", "param_bytes", "input_bytes", "fixed_bytes"]
             + (["forward_temp_bytes", "forward_nograd_temp_bytes", "backward_temp_bytes"]
                if traced and kind == "cpu" else []),
@@ -320,7 +385,7 @@ _CONV_DEFAULTS: dict[str, Any] = dict(
 
 def conv_analytic_profile(
     cfg: Any, *, device: str = "cpu", flops_per_s: float = 1e12, optimizer: str = "adamw",
-    name: str | None = None,
+    name: str | None = None, precision: str | None = None,
 ) -> Profile:
     """The profile of `memplan.profiler.models.conv` for `cfg` from shapes: exact output and saved bytes in
     fp32 (BatchNorm keeps its input, which is the stage input, and fp32 mean and inverse std per
@@ -330,6 +395,13 @@ def conv_analytic_profile(
     (oneDNN's scratchpads are left out: docs/profiler.md), estimates in bf16."""
     c = _config(cfg, _CONV_DEFAULTS)
     _device_kind(device)
+    param_dtype, compute_dtype = _policy(c, precision)
+    if param_dtype != compute_dtype:
+        raise ProfileError(
+            f"precision: the analytic conv profile covers fp32 and bf16, not {precision} "
+            "(autocast); measure the model under autocast (memplan profile --autocast bfloat16)"
+        )
+    c = {**c, "dtype": param_dtype}
     if not flops_per_s > 0:
         raise ProfileError(f"flops_per_s: must be > 0, got {flops_per_s}")
     e = _ELEMENT[c["dtype"]]
@@ -402,5 +474,7 @@ def conv_analytic_profile(
               "config": {"family": "conv", **{k_: (list(v) if isinstance(v, tuple) else v) for k_, v in c.items()}},
               "fixed": fixed, "optimizer": optimizer,
               "transients": "allocation trace, oneDNN scratchpads left out" if traced else "estimate (bf16)",
+              "precision": precision_meta(precision or infer_policy(param_dtype, None), optimizer,
+                                          param_dtype, compute_dtype),
               "exact": ["output_bytes", "saved_bytes", "param_bytes", "input_bytes", "fixed_bytes"]},
     )

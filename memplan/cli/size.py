@@ -57,25 +57,32 @@ def _fmt(x: float | None, unit: str = "") -> str:
 
 
 def _print_sizing(s) -> None:
-    from rich.table import Table
+    from memplan.cli._tables import Col, fitted_table
 
     out = console()
-    table = Table(title=f"{s.query} sizing ({s.law} law)", show_header=False)
-    table.add_column("", style="bold")
-    table.add_column("", justify="right")
-    table.add_row("parameters", _fmt(s.params))
-    table.add_row("tokens", _fmt(s.tokens))
-    table.add_row("tokens per parameter", f"{s.tokens_per_param:.3g}")
-    table.add_row("training FLOPs", f"{s.flops:.4g}")
-    table.add_row("loss (nats/token)", "-" if s.loss is None else f"{s.loss:.5g}")
+    rows = [["parameters", _fmt(s.params)], ["tokens", _fmt(s.tokens)],
+            ["tokens per parameter", f"{s.tokens_per_param:.3g}"],
+            ["training FLOPs", f"{s.flops:.4g}"],
+            ["loss (nats/token)", "-" if s.loss is None else f"{s.loss:.5g}"]]
     extra = s.model_dump()
-    base = {"query", "law", "params", "tokens", "loss", "tokens_per_param", "flops", "warnings"}
+    base = {"query", "law", "params", "tokens", "loss", "tokens_per_param", "flops", "warnings",
+            "message"}
     for key, val in extra.items():
         if key in base or val is None or isinstance(val, (list, dict)):
             continue
-        text = f"{val:.4g}" if isinstance(val, float) else str(val)
-        table.add_row(key.replace("_", " "), text)
-    out.print(table)
+        rows.append([key.replace("_", " "), f"{val:.4g}" if isinstance(val, float) else str(val)])
+    out.print(fitted_table(f"{s.query} sizing ({s.law} law)", [Col("", number=False), Col("")],
+                           rows, show_header=False))
+    tradeoff = getattr(s, "tradeoff", None)
+    if tradeoff:
+        rows = [["any" if p.max_overhead is None else f"{p.max_overhead:.0%}", str(p.n_layer),
+                 _fmt(p.params), "-" if p.recompute_overhead is None
+                 else f"{p.recompute_overhead:.1%}"] for p in tradeoff]
+        out.print(fitted_table("size against recompute overhead",
+                               [Col("max overhead"), Col("layers"), Col("parameters"),
+                                Col("overhead")], rows))
+    if getattr(s, "query", None) == "fits":
+        out.print(("[green]" if s.fits else "[red]") + s.message + ("[/green]" if s.fits else "[/red]"))
     for w in s.warnings:
         out.print(f"[yellow]warning:[/yellow] {w}")
     for note in getattr(s, "notes", []):
@@ -86,7 +93,29 @@ def _print_sizing(s) -> None:
 _OPTION = {
     "compute_flops": "--compute", "target_loss": "--loss", "inference_tokens": "--inference-tokens",
     "unique_tokens": "--unique-tokens", "params": "--params", "tokens": "--tokens",
+    "memory_bytes": "--memory", "device_memory_bytes": "--memory", "devices": "--devices",
+    "n_devices": "--devices", "seq_len": "--seq-len", "micro_batch": "--micro-batch",
+    "peak_flops": "--peak-tflops", "device": "--device", "utilization": "--utilization",
+    "strategy": "--strategy", "max_overhead": "--max-overhead",
 }
+# options only memory-aware sizing reads (refused without --memory, NOTE [ every option answered
+# or refused ] in planner/scaling/size.py)
+_MEMORY_ONLY = ("--devices", "--seq-len", "--micro-batch", "--peak-tflops", "--device",
+                "--utilization", "--strategy", "--max-overhead")
+
+
+def parse_fraction(text: str | None, *, field: str) -> float | None:
+    """A non-negative fraction from '0.3' or '30%'; 'none' for no limit (None passes)."""
+    if text is None:
+        return None
+    t = text.strip()
+    try:
+        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise ValueError(f"{field}: cannot read {text!r}; write e.g. 0.3 or 30% (or none)") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"{field}: must be a finite fraction of at least 0, got {text!r}")
+    return value
 
 
 def _print_remote(data: dict) -> None:
@@ -124,15 +153,25 @@ def size_cmd(
         str | None, typer.Option(help="device memory (e.g. 141GB): the largest compute-optimal "
                                  "model whose training step fits, planned")
     ] = None,
-    devices: Annotated[int, typer.Option(help="devices (with --memory)")] = 1,
-    seq_len: Annotated[int, typer.Option(help="sequence length (with --memory)")] = 2048,
-    micro_batch: Annotated[int, typer.Option(help="sequences per device per step (with --memory)")] = 1,
+    devices: Annotated[int | None, typer.Option(help="devices (with --memory; default 1)")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="sequence length (with --memory; default 2048)")] = None,
+    micro_batch: Annotated[
+        int | None, typer.Option(help="sequences per device per step (with --memory; default 1)")
+    ] = None,
+    max_overhead: Annotated[
+        str | None, typer.Option(help="largest recompute overhead a plan may cost (with --memory; "
+                                 "0.3 or 30%, default 30%; 'none': any)")
+    ] = None,
     peak_tflops: Annotated[
         float | None, typer.Option(help="device peak TFLOP/s for the time estimate (default: by --device)")
     ] = None,
     device: Annotated[str | None, typer.Option(help="device name, e.g. H100, H200, A100-80GB")] = None,
-    utilization: Annotated[float, typer.Option(help="fraction of peak FLOP/s achieved")] = 0.4,
-    strategy: Annotated[str, typer.Option(help="checkpoint strategy (with --memory)")] = "optimal",
+    utilization: Annotated[
+        float | None, typer.Option(help="fraction of peak FLOP/s achieved (with --memory; default 0.4)")
+    ] = None,
+    strategy: Annotated[
+        str | None, typer.Option(help="checkpoint strategy (with --memory; default optimal)")
+    ] = None,
     law: Annotated[
         str | None, typer.Option(help="epoch (default), hoffmann, hoffmann-tex, muennighoff "
                                  "(default with --unique-tokens), approach1")
@@ -141,8 +180,26 @@ def size_cmd(
     server: ServerOption = None,
 ) -> None:
     """Size a model by a scaling law: compute -> (N, D, loss), N -> (D, C), loss -> cheapest (N, D);
-    inference-aware, data-constrained or memory-aware with the options."""
+    inference-aware, data-constrained or memory-aware with the options (--memory alone: the
+    largest model that fits; with --params, --compute or --loss: does that model fit)."""
     from memplan.planner import scaling
+    from memplan.planner.scaling.errors import InfeasibleSizing
+    from memplan.planner.scaling.size import MEMORY_DEFAULTS
+
+    typed = {"--devices": devices, "--seq-len": seq_len, "--micro-batch": micro_batch,
+             "--peak-tflops": peak_tflops, "--device": device, "--utilization": utilization,
+             "--strategy": strategy, "--max-overhead": max_overhead}
+    if memory is None:
+        stray = [k for k in _MEMORY_ONLY if typed[k] is not None]
+        if stray:
+            raise ValueError(f"{stray[0]}: only with --memory (memory-aware sizing); give "
+                             "--memory too, or leave it out")
+    if peak_tflops is not None and device is not None:
+        raise ValueError("--peak-tflops: give --peak-tflops or --device, not both")
+    cap = MEMORY_DEFAULTS["max_overhead"]
+    if max_overhead is not None:
+        cap = None if max_overhead.strip().lower() == "none" else parse_fraction(
+            max_overhead, field="--max-overhead")
 
     C = parse_count(compute, field="--compute")
     N = parse_count(params, field="--params")
@@ -151,15 +208,22 @@ def size_cmd(
     D_inf = parse_count(inference_tokens, field="--inference-tokens")
     query = dict(
         compute_flops=C, params=N, target_loss=loss, tokens=D, inference_tokens=D_inf,
-        unique_tokens=U, devices=devices, seq_len=seq_len, micro_batch=micro_batch,
+        unique_tokens=U, devices=1 if devices is None else devices,
+        seq_len=2048 if seq_len is None else seq_len,
+        micro_batch=1 if micro_batch is None else micro_batch,
         peak_flops=None if peak_tflops is None else peak_tflops * 1e12, device=device,
-        utilization=utilization, strategy=strategy, law=law,
+        utilization=0.4 if utilization is None else utilization,
+        strategy=strategy or "optimal", max_overhead=cap, law=law,
     )
     if memory is not None:
-        from memplan.units import parse_bytes
+        from memplan.planner.units import parse_bytes
 
         query["memory_bytes"] = parse_bytes(memory, field="--memory")
     if server:
+        if max_overhead is not None:
+            raise ValueError("--max-overhead: the server's sizing route takes no overhead cap "
+                             "yet; size locally (leave out --server)")
+        del query["max_overhead"]
         data = remote(server).sizing(**query)
         if json_out:
             echo_json(data)
@@ -171,12 +235,18 @@ def size_cmd(
         try:
             result = scaling.size(**query, progress=update if memory is not None else None)
         except scaling.ScalingError as err:  # name the CLI's options, not the library's
-            raise ValueError(re.sub(r"\b(" + "|".join(_OPTION) + r")\b",
-                                    lambda m: _OPTION[m.group(1)], str(err))) from None
+            text = re.sub(r"\b(" + "|".join(_OPTION) + r")\b", lambda m: _OPTION[m.group(1)],
+                          str(err))
+            if isinstance(err, InfeasibleSizing):  # no model fits: infeasible, exit code 1
+                typer.echo(f"infeasible: {text}", err=True)
+                raise typer.Exit(1) from None
+            raise ValueError(text) from None
     if json_out:
         echo_json(result)
     else:
         _print_sizing(result)
+    if getattr(result, "fits", True) is False:  # the model asked about does not fit: exit 1
+        raise typer.Exit(1)
 
 
 @app.command("fit")

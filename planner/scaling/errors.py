@@ -5,11 +5,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["ScalingError", "check_positive", "check_fraction"]
+__all__ = ["ScalingError", "InfeasibleSizing", "check_positive", "check_fraction"]
 
 
 class ScalingError(ValueError):
     """Invalid sizing input (a law, a query, runs to fit); the message names the field and the fix."""
+
+
+class InfeasibleSizing(ScalingError):
+    """Valid input that no model meets (not even one layer fits the memory): the CLI's exit code
+    1, as for an infeasible plan, where bad input is 2."""
 
 
 def check_positive(name: str, value: Any, *, allow_zero: bool = False) -> float:

@@ -23,7 +23,8 @@ __all__ = [
 ]
 
 Query = Literal[
-    "compute", "params", "loss", "inference", "data-constrained", "data-constrained-loss", "memory"
+    "compute", "params", "loss", "inference", "data-constrained", "data-constrained-loss", "memory",
+    "fits",
 ]
 
 

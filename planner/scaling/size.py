@@ -1,12 +1,21 @@
 """One entry for every sizing query: the options name the question (the CLI's `memplan size` and
 the service's `GET /v1/sizing` both call this, so they cannot disagree).
 
-    memory_bytes       -> memory_aware_size
+    memory_bytes       -> memory_aware_size (the largest model that fits)
+                          or memory_fit (with params, compute_flops or target_loss: does the
+                          model they give fit, with which recompute, the largest batch and sequence)
     unique_tokens      -> data_constrained_optimal (with compute_flops)
                           or data_constrained_loss (with params and tokens)
     inference_tokens   -> inference_aware (with compute_flops or target_loss)
     otherwise exactly one of compute_flops, params, target_loss
                        -> compute_optimal, optimal_for_params, cheapest_for_loss
+
+NOTE [ every option answered or refused ]
+An option the chosen query does not read is refused (ScalingError naming it and the query), never
+ignored: a sizing that silently dropped `params` answered another question than the one asked.
+The memory-only options (devices, seq_len, micro_batch, strategy, max_overhead, peak_flops,
+device, utilization) count as given when they differ from their defaults (the service always
+passes them); the CLI refuses them when typed at all.
 """
 
 from __future__ import annotations
@@ -17,10 +26,25 @@ from memplan.planner.scaling.data_constrained import data_constrained_loss, data
 from memplan.planner.scaling.errors import ScalingError
 from memplan.planner.scaling.inference import inference_aware
 from memplan.planner.scaling.laws import Law
+from memplan.planner.scaling.memory_aware import MAX_OVERHEAD
 from memplan.planner.scaling.queries import cheapest_for_loss, compute_optimal, optimal_for_params
 from pydantic import BaseModel
 
-__all__ = ["size"]
+__all__ = ["size", "MEMORY_DEFAULTS"]
+
+# the options only memory-aware sizing reads, and their defaults
+MEMORY_DEFAULTS: dict[str, object] = {
+    "devices": 1, "seq_len": 2048, "micro_batch": 1, "strategy": "optimal",
+    "max_overhead": MAX_OVERHEAD, "peak_flops": None, "device": None, "utilization": 0.4,
+}
+
+
+def _refuse(given: dict[str, object], allowed: set[str], query: str) -> None:
+    """ScalingError naming the first given option outside `allowed` for `query`."""
+    extra = [k for k in given if k not in allowed]
+    if extra:
+        raise ScalingError(f"{extra[0]}: not an option of {query}; leave it out, or ask another "
+                           "question (see `memplan size --help`)")
 
 
 def size(
@@ -39,38 +63,72 @@ def size(
     device: str | None = None,
     utilization: float = 0.4,
     strategy: str = "optimal",
+    max_overhead: float | None = MAX_OVERHEAD,
     law: str | Law | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> BaseModel:
     """The sizing the options ask for (see the module's table). Returns that query's result model
-    (`Sizing`, `InferenceSizing`, `DataConstrainedSizing` or `MemorySizing`); an inconsistent set
-    of options raises `ScalingError` naming the option."""
+    (`Sizing`, `InferenceSizing`, `DataConstrainedSizing`, `MemorySizing` or `MemoryFit`); an
+    option the query does not read, or a missing one, raises `ScalingError` naming it."""
+    values = dict(compute_flops=compute_flops, params=params, target_loss=target_loss,
+                  tokens=tokens, inference_tokens=inference_tokens, unique_tokens=unique_tokens)
+    given = {k: v for k, v in values.items() if v is not None}
+    memory_opts = dict(devices=devices, seq_len=seq_len, micro_batch=micro_batch,
+                       strategy=strategy, max_overhead=max_overhead, peak_flops=peak_flops,
+                       device=device, utilization=utilization)
     if memory_bytes is not None:
-        from memplan.planner.scaling.memory_aware import memory_aware_size
+        model = [k for k in ("params", "compute_flops", "target_loss") if k in given]
+        _refuse(given, {"params", "compute_flops", "target_loss"}, "memory-aware sizing (it "
+                "takes the model from params, compute_flops or target_loss)")
+        if len(model) > 1:
+            raise ScalingError(f"{model[1]}: memory-aware sizing takes one model size; give one "
+                               f"of params, compute_flops or target_loss (got {', '.join(model)})")
+        opts = dict(n_devices=devices, law=law, seq_len=seq_len, micro_batch=micro_batch,
+                    device=device, peak_flops=peak_flops, utilization=utilization,
+                    strategy=strategy, max_overhead=max_overhead, progress=progress)
+        if not model:
+            from memplan.planner.scaling.memory_aware import memory_aware_size
 
-        return memory_aware_size(
-            memory_bytes, n_devices=devices, law=law, seq_len=seq_len, micro_batch=micro_batch,
-            device=device, peak_flops=peak_flops, utilization=utilization, strategy=strategy,
-            progress=progress,
-        )
+            return memory_aware_size(memory_bytes, **opts)
+        from memplan.planner.scaling.memory_fit import memory_fit
+
+        if params is not None:
+            n = params
+        elif compute_flops is not None:
+            n = compute_optimal(compute_flops, law=law).params
+        else:
+            n = cheapest_for_loss(target_loss, law=law).params  # type: ignore[arg-type]
+        return memory_fit(n, memory_bytes, **opts)
+    changed = [k for k, v in memory_opts.items() if v != MEMORY_DEFAULTS[k]]
+    if changed:
+        raise ScalingError(f"{changed[0]}: only memory-aware sizing reads it; give memory_bytes "
+                           "too, or leave it out")
     if unique_tokens is not None:
         if compute_flops is not None:
+            _refuse(given, {"compute_flops", "unique_tokens"},
+                    "data-constrained sizing with compute_flops")
             return data_constrained_optimal(compute_flops, unique_tokens, law=law)
         if params is not None and tokens is not None:
+            _refuse(given, {"params", "tokens", "unique_tokens"},
+                    "the data-constrained loss of params and tokens")
             return data_constrained_loss(params, tokens, unique_tokens, law=law)
         raise ScalingError("unique_tokens: give compute_flops (the best N, D), or params and "
                            "tokens (their loss)")
     if inference_tokens is not None:
         if (compute_flops is None) == (target_loss is None):
             raise ScalingError("inference_tokens: give one of compute_flops or target_loss")
+        _refuse(given, {"inference_tokens", "compute_flops", "target_loss"},
+                "inference-aware sizing")
         return inference_aware(inference_tokens, target_loss=target_loss, flops=compute_flops,
                                law=law)
-    given = [k for k, v in (("compute_flops", compute_flops), ("params", params),
-                            ("target_loss", target_loss)) if v is not None]
-    if len(given) != 1:
+    if tokens is not None:
+        raise ScalingError("tokens: only with params and unique_tokens (the data-constrained "
+                           "loss); leave it out")
+    main = [k for k in ("compute_flops", "params", "target_loss") if k in given]
+    if len(main) != 1:
         raise ScalingError(
-            f"{given[1] if len(given) > 1 else 'compute_flops'}: give exactly one of compute_flops, "
-            "params or target_loss" + (f" (got {', '.join(given)})" if given else "")
+            f"{main[1] if len(main) > 1 else 'compute_flops'}: give exactly one of compute_flops, "
+            "params or target_loss" + (f" (got {', '.join(main)})" if main else "")
         )
     if compute_flops is not None:
         return compute_optimal(compute_flops, law=law)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from memplan.planner.scaling import ScalingError, optimal_for_params
-from memplan.planner.scaling.memory_aware import memory_aware_size
+from memplan.planner.scaling.memory_aware import MAX_OVERHEAD, memory_aware_size
 from memplan.planner.scaling.shapes import gpt_shape, shape_for_layers
 from memplan.profiler.schema import Profile
 
@@ -35,7 +35,7 @@ def toy_profile(shape, micro_batch, dtype):
     return Profile(name="toy-gpt", dtype=dtype, input_bytes=8 * s * b, layers=layers)
 
 
-def _fits(n_layer, mem, n_devices, strategy, **kw):
+def _fits(n_layer, mem, n_devices, strategy, cap=MAX_OVERHEAD, **kw):
     shape = shape_for_layers(n_layer, seq_len=kw.get("seq_len", 2048))
     d = shape.d_model
     # by hand: 16 bytes per parameter (bf16-mixed AdamW) over the devices (ZeRO-3), plus the
@@ -46,7 +46,9 @@ def _fits(n_layer, mem, n_devices, strategy, **kw):
     if fixed >= mem:
         return False
     prof = toy_profile(shape, kw.get("micro_batch", 1), "bfloat16")
-    return planner.plan(prof, budget_bytes=mem - fixed, strategy=strategy).feasible
+    plan = planner.plan(prof, budget_bytes=mem - fixed, strategy=strategy)
+    # overheads carry rounding (store-all: 1e-15 above 0); the search allows 1e-12
+    return plan.feasible and (cap is None or plan.predicted.overhead <= cap + 1e-12)
 
 
 def test_shape_rule():
@@ -58,12 +60,19 @@ def test_shape_rule():
     assert gpt3.d_model == 12288 and gpt3.n_head == 96  # GPT-3 175B's shape
 
 
+@pytest.mark.parametrize("cap", [MAX_OVERHEAD, 0.1, None])
 @pytest.mark.parametrize("mem_gb, n_devices", [(24, 1), (80, 8)])
-def test_largest_fit_matches_brute_force(mem_gb, n_devices):
+def test_largest_fit_matches_brute_force(mem_gb, n_devices, cap):
     r = memory_aware_size(mem_gb * GB, n_devices=n_devices, strategy="uniform",
-                          profile_fn=toy_profile, law="epoch")
-    assert _fits(r.n_layer, mem_gb * GB, n_devices, "uniform")
-    assert not _fits(r.n_layer + 1, mem_gb * GB, n_devices, "uniform")
+                          profile_fn=toy_profile, law="epoch", max_overhead=cap)
+    assert _fits(r.n_layer, mem_gb * GB, n_devices, "uniform", cap)
+    assert not _fits(r.n_layer + 1, mem_gb * GB, n_devices, "uniform", cap)
+    assert r.max_overhead == cap and (cap is None or r.recompute_overhead <= cap + 1e-12)
+    # the trade-off rows are the same search under each cap
+    for p in r.tradeoff:
+        if p.n_layer:
+            assert _fits(p.n_layer, mem_gb * GB, n_devices, "uniform", p.max_overhead)
+        assert not _fits(p.n_layer + 1, mem_gb * GB, n_devices, "uniform", p.max_overhead)
     assert r.total_peak_bytes <= mem_gb * GB
     assert r.peak_bytes <= r.activation_budget_bytes
     # compute-optimal tokens for that size under the law
