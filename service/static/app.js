@@ -267,6 +267,7 @@ function renderPlan(plan, tl) {
   fillRows($("#stages tbody"), rows);
   state.timeline = tl;
   state.cursor = tl ? tl.peak_op : null;
+  $("#timeline-source").textContent = tl ? "the plan above (predicted)" : "";
   renderTimeline();
   renderTimelineTable();
   renderFrontierChart(p);
@@ -290,7 +291,8 @@ function renderTimeline() {
     return;
   }
   const n = tl.ops.length;
-  const top = Math.max(tl.peak_bytes, tl.budget_bytes || 0) * 1.1 || 1;
+  const measured = tl.measured_bytes || null;
+  const top = Math.max(tl.peak_bytes, tl.budget_bytes || 0, ...(measured || [])) * 1.1 || 1;
   const x = (k) => TL.l + (TL.w - TL.l - TL.r) * k / n;
   const y = (b) => TL.h - TL.b - (TL.h - TL.t - TL.b) * b / top;
   for (let j = 0; j <= 4; j++) {
@@ -308,6 +310,14 @@ function renderTimeline() {
   }
   svg.append(bands);
   svg.append(el("svg:path", { d, class: "line", id: "timeline-line", "data-ops": n }));
+  if (measured) {
+    let dm = "";
+    for (let k = 0; k < n; k++) {
+      dm += `${k === 0 ? "M" : "L"}${x(k).toFixed(2)},${y(measured[k]).toFixed(2)}H${x(k + 1).toFixed(2)}`;
+    }
+    svg.append(el("svg:path", { d: dm, class: "measured", id: "timeline-measured", "data-ops": n,
+                                "data-peak": Math.max(...measured) }));
+  }
   if (tl.budget_bytes !== null && tl.budget_bytes !== undefined) {
     svg.append(el("svg:line", { x1: TL.l, x2: TL.w - TL.r, y1: y(tl.budget_bytes), y2: y(tl.budget_bytes), class: "budget" }));
     svg.append(el("svg:text", { x: TL.w - TL.r - 4, y: y(tl.budget_bytes) - 4, "text-anchor": "end" },
@@ -342,7 +352,8 @@ function moveCursor(k) {
     line.setAttribute("visibility", "visible");
   }
   const b = tl.predicted_bytes[k];
-  const label = `op ${k} of ${n}: ${tl.ops[k]} (${roleOf(tl, k)}), ${fmtBytes(b)} live` +
+  const m = tl.measured_bytes ? `, ${fmtBytes(tl.measured_bytes[k])} measured` : "";
+  const label = `op ${k} of ${n}: ${tl.ops[k]} (${roleOf(tl, k)}), ${fmtBytes(b)} live${m}` +
     (k === tl.peak_op ? " - the peak" : "");
   const out = $("#timeline-cursor");
   out.textContent = label;
@@ -376,7 +387,35 @@ function renderTimelineTable() {
   const tl = state.timeline;
   fillRows($("#timeline-table tbody"), tl ? tl.ops.map((op, k) => [
     String(k), op, { text: group(tl.predicted_bytes[k]), attrs: { "data-bytes": tl.predicted_bytes[k] } }, roleOf(tl, k),
+    tl.measured_bytes ? { text: group(tl.measured_bytes[k]), attrs: { "data-bytes": tl.measured_bytes[k] } } : "",
   ]) : []);
+}
+
+// a run's timeline (memplan run --plot keeps <stem>.timeline.json): measured over predicted
+function onRunTimeline() {
+  const file = $("#run-timeline").files[0];
+  if (!file) return;
+  const reader = new FileReader();
+  reader.onload = () => {
+    try {
+      const tl = JSON.parse(reader.result);
+      if (tl.format !== "memplan-timeline/1" || !Array.isArray(tl.ops) || !Array.isArray(tl.predicted_bytes)
+          || !Array.isArray(tl.stages) || tl.predicted_bytes.length !== tl.ops.length
+          || (tl.measured_bytes && tl.measured_bytes.length !== tl.ops.length)) {
+        throw new Error("not a memplan-timeline/1 file (memplan run --plot writes one)");
+      }
+      state.timeline = tl;
+      state.cursor = tl.peak_op;
+      const m = tl.measured_bytes;
+      $("#timeline-source").textContent = `${file.name}: ${tl.profile_name}, ${tl.strategy} plan, ` +
+        (m ? `measured on ${tl.measured_device || "a run"}: peak ${fmtBytes(Math.max(...m))} measured, ` +
+             `${fmtBytes(tl.peak_bytes)} predicted` : `peak ${fmtBytes(tl.peak_bytes)} predicted`) +
+        (tl.snapshot ? `; allocator snapshot kept beside it: ${tl.snapshot} (open it at pytorch.org/memory_viz)` : "");
+      renderTimeline();
+      renderTimelineTable();
+    } catch (err) { $("#timeline-source").textContent = `run timeline: ${err.message}`; }
+  };
+  reader.readAsText(file);
 }
 
 // ---- the frontier -----------------------------------------------------------------------------
@@ -572,6 +611,7 @@ async function onRun(ev) {
 function init() {
   $("#example").addEventListener("change", onExample);
   $("#upload").addEventListener("change", onUpload);
+  $("#run-timeline").addEventListener("change", onRunTimeline);
   $("#hf-go").addEventListener("click", onHfConfig);
   $("#budget-range").addEventListener("input", onSlider);
   $("#budget-text").addEventListener("change", onBudgetText);

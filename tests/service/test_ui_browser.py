@@ -388,6 +388,39 @@ def test_jobs_live_progress_and_cancel(serve, browser, artifacts):
     assert b.errors() == []
 
 
+def test_a_runs_measured_timeline_over_the_predicted_one(serve, browser, tmp_path, artifacts):
+    from memplan.executor.timeline import measure_timeline, save_timeline
+
+    from memplan import planner
+    from tests.executor.synth import worked_chain
+
+    stages, a0, prof = worked_chain()
+    tl = measure_timeline(stages, a0, planner.plan(prof, strategy="sqrt"), prof)
+    path = save_timeline(tl, tmp_path / "run.timeline.json")
+    b = browser
+    open_page(b, serve.url)
+
+    def upload(p):
+        node = b.send("DOM.querySelector", nodeId=b.send("DOM.getDocument")["root"]["nodeId"],
+                      selector="#run-timeline")
+        b.send("DOM.setFileInputFiles", files=[str(p)], nodeId=node["nodeId"])
+
+    upload(path)
+    b.wait("document.querySelector('#timeline-measured') !== null", "the measured line")
+    measured = b.js("[...document.querySelectorAll('#timeline-table tbody tr')].map(r => Number(r.cells[4].dataset.bytes))")
+    predicted = b.js("[...document.querySelectorAll('#timeline-table tbody tr')].map(r => Number(r.cells[2].dataset.bytes))")
+    assert measured == tl.measured_bytes and predicted == tl.predicted_bytes
+    assert b.js("Number(document.querySelector('#timeline-measured').dataset.peak)") == max(tl.measured_bytes)
+    assert "measured on cpu" in b.js("document.querySelector('#timeline-source').textContent")
+    b.screenshot(artifacts / "6-run-timeline.png")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "something else"}))
+    upload(bad)
+    b.wait("document.querySelector('#timeline-source').textContent.startsWith('run timeline: not a memplan-timeline/1')",
+           "the refusal")
+    assert b.errors() == []
+
+
 def test_analytic_profile_from_a_hugging_face_config(serve, browser):
     b = browser
     open_page(b, serve.url)
