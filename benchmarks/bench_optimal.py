@@ -1,9 +1,12 @@
 # ruff: noqa: B023  (each lambda is called at once, inside its loop iteration)
 """Optimal planner: exact solve times (compiled), the speed-up over the pure-Python reference DP and
 the plain memoised recursion (the tests' oracle) on the same chains and budgets, grouped mode
-against exact at 100 and 200 stages, and grouped mode at 1,000 stages. Run:
-    .venv/bin/python benchmarks/bench_optimal.py [--quick]
-Prints a table and writes benchmarks/results/bench_optimal.json. Results: docs/planner.md.
+against exact at 100 and 200 stages, and the long-chain table: "auto" (memo or banded) on random
+and transformer-like chains of 300, 500 and 1,000 stages at 10%, 20% and 40% of the store-all peak,
+each plan's time, mode, certified gap and its time against the exact optimum kept in
+benchmarks/data/optimal_exact.json (benchmarks/bench_optimal_exact.py computes those once). Run:
+    .venv/bin/python benchmarks/bench_optimal.py [--quick] [--long-only]
+Prints tables and writes benchmarks/results/bench_optimal.json. Results: docs/planner.md.
 """
 
 from __future__ import annotations
@@ -47,6 +50,25 @@ def gpt_chain(L: int) -> Profile:
     return Profile.model_validate(d)
 
 
+LONG_LENGTHS = (300, 500, 1000)  # the long-chain table's lengths (stages)
+LONG_FRACS = (0.1, 0.2, 0.4)  # its budgets, fractions of the store-all peak
+
+
+def long_chains(L: int) -> list[Profile]:
+    """The long-chain table's chains at L stages: random (MiB sizes, seed L) and transformer-like
+    (L-2 identical blocks between an embedding and a head)."""
+    return [slot_chain(L, seed=L), gpt_chain(L)]
+
+
+def store_all_peak(prof: Profile) -> int:
+    """The store-all schedule's replayed peak (bytes above fixed memory)."""
+    from memplan.planner._build import one_level_ops
+    from memplan.planner.simulate import simulate
+
+    L = prof.n_stages
+    return simulate(prof, one_level_ops([(1, L, False)], L)).peak_bytes
+
+
 def timed(fn):
     t0 = time.perf_counter()
     out = fn()
@@ -65,6 +87,40 @@ def budgets(prof: Profile, fracs=(0.05, 0.15, 0.3)) -> list[int]:
     return [int(least + f * (top - least)) for f in fracs]
 
 
+def long_table(rows: list, lengths=LONG_LENGTHS) -> None:
+    """The long-chain table (module docstring): one "auto" plan per chain and budget, timed."""
+    from memplan.planner._optimal_long import solve_long
+
+    c = costs_of(gpt_chain(30))  # load the long-chain kernels (numba's cache) before timing
+    solve_long(c, cap=None, memo=True)
+    solve_long(c, cap=None, width=4, optimistic=True)
+    exact_file = REPO / "benchmarks" / "data" / "optimal_exact.json"
+    exact = json.loads(exact_file.read_text()) if exact_file.exists() else {}
+    print(f"\n{'chain':10} {'L':>5} {'budget':>6} {'mode':>7} {'plan s':>7} {'cpu s':>6} "
+          f"{'cert. gap':>9} {'vs exact':>9} {'exact s':>8}")
+    for L in lengths:
+        for prof in long_chains(L):
+            top = store_all_peak(prof)
+            for frac in LONG_FRACS:
+                B = int(frac * top)
+                cpu0 = time.process_time()  # CPU seconds of every thread: the shared machine's
+                plan, t = timed(lambda: plan_optimal(prof, B))  # load inflates wall time only
+                cpu = time.process_time() - cpu0
+                ex = exact.get(f"{prof.name}@{frac:g}")
+                vs = plan.predicted.time_s / ex["time_s"] - 1 if ex and ex["time_s"] else None
+                gap = plan.options.get("optimality_gap")
+                rows.append(dict(kind="long", chain=prof.name, L=L, frac=frac, budget_bytes=B,
+                                 mode=plan.options["mode"], band=plan.options.get("band"),
+                                 plan_s=t, cpu_s=cpu, load_avg=os.getloadavg()[0], gap=gap,
+                                 lower_bound_s=plan.options.get("lower_bound_s"),
+                                 time_s=plan.predicted.time_s, vs_exact=vs,
+                                 exact_solve_s=ex["solve_s"] if ex else None))
+                vs_txt = "" if vs is None else f"{vs:+.4%}"
+                ex_txt = "" if not ex else f"{ex['solve_s']:.0f}"
+                print(f"{prof.name:10} {L:5} {frac:6.0%} {plan.options['mode']:>7} {t:7.2f} "
+                      f"{cpu:6.2f} {gap:9.4%} {vs_txt:>9} {ex_txt:>8}", flush=True)
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     rows = []
@@ -73,6 +129,10 @@ def main() -> None:
     _, t_jit = timed(lambda: solve_compiled(costs_of(slot_chain(4, 0))))
     print(f"kernel compile or cache load: {t_jit:.2f} s (once per process)")
     rows.append(dict(kind="jit", seconds=t_jit))
+    if "--long-only" in sys.argv:
+        long_table(rows, (300,) if quick else LONG_LENGTHS)
+        _write(rows)
+        return
 
     print(f"\n{'chain':10} {'L':>4} {'exact s':>8} {'python s':>9} {'oracle s':>9} "
           f"{'vs python':>9} {'vs oracle':>9}")
@@ -102,14 +162,11 @@ def main() -> None:
                                  grouped_s=t_gr, groups=G, ratio=ratio))
                 print(f"{prof.name:10} {L:4} {frac:6.0%} {t_ex:8.3f} {t_gr:9.3f} {G:6} {ratio:13.5f}")
 
-    for L in (() if quick else (1000,)):
-        for prof in (gpt_chain(L), slot_chain(L, seed=L)):
-            for frac, B in zip((0.05, 0.15, 0.3), budgets(prof), strict=True):
-                gr, t_gr = timed(lambda: plan_optimal(prof, B))
-                rows.append(dict(kind="grouped", chain=prof.name, L=L, frac=frac, grouped_s=t_gr,
-                                 groups=len(gr.options["groups"]), time_s=gr.predicted.time_s))
-                print(f"{prof.name:10} {L:4} {frac:6.0%} {'-':>8} {t_gr:9.3f} "
-                      f"{len(gr.options['groups']):6} {'n/a':>13}")
+    long_table(rows, (300,) if quick else LONG_LENGTHS)
+    _write(rows)
+
+
+def _write(rows: list) -> None:
     out = REPO / "benchmarks" / "results"
     out.mkdir(exist_ok=True)
     (out / "bench_optimal.json").write_text(json.dumps(rows, indent=1))

@@ -6,7 +6,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 
 from memplan.planner.schema import Op, Plan, PlanError, Predicted
-from memplan.planner.simulate import Simulation, _replay
+from memplan.planner.simulate import Simulation, replay
 from memplan.profiler.schema import Profile
 
 __all__ = ["insert_drops", "one_level_ops", "finish_plan", "infeasible_plan", "check_budget"]
@@ -128,7 +128,7 @@ def finish_plan(
     sim: Simulation | None = None,
 ) -> Plan:
     """A Plan for `ops`, with its prediction from a replay; infeasible when it breaks the budget."""
-    sim = sim or _replay(profile, ops)
+    sim = sim or replay(profile, ops)
     if not sim.valid:  # a strategy bug, never the user's input
         raise AssertionError(f"{strategy} produced an invalid schedule: {sim.error}")
     fits = budget_bytes is None or sim.peak_bytes <= budget_bytes

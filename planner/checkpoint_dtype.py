@@ -31,7 +31,15 @@ import logging
 import math
 from dataclasses import dataclass
 
+from memplan.planner._build import finish_plan
 from memplan.planner.schema import Op, Plan, PlanError
+from memplan.planner.simulate import replay
+from memplan.planner.storage import (  # re-exported: part of this module's names
+    STORAGE_DTYPES,
+    StorageDtype,
+    output_dtype,
+    storage_sizes,
+)
 from memplan.profiler.schema import Profile
 
 __all__ = [
@@ -53,32 +61,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class StorageDtype:
-    """A dtype a kept activation may be stored in."""
-
-    name: str  # torch's name: float32, bfloat16, float16, float8_e4m3fn
-    alias: str  # the short name the CLI takes
-    element_bytes: int
-    precision_bits: int  # significand bits p, implicit bit included: unit roundoff 2^-p
-    scaled: bool  # stored times a per-tensor power of two so that its largest value fits (fp8)
-
-    @property
-    def unit_roundoff(self) -> float:
-        """Largest relative rounding error of round-to-nearest in the normal range."""
-        return 2.0 ** -self.precision_bits
-
-
-# IEEE 754 binary32/binary16, bfloat16 (8 significand bits), OCP FP8 E4M3 (4 bits, max 448)
-STORAGE_DTYPES: dict[str, StorageDtype] = {
-    d.name: d
-    for d in (
-        StorageDtype("float32", "fp32", 4, 24, False),
-        StorageDtype("bfloat16", "bf16", 2, 8, False),
-        StorageDtype("float16", "fp16", 2, 11, False),
-        StorageDtype("float8_e4m3fn", "fp8", 1, 4, True),
-    )
-}
 _ALIASES = {d.alias: d.name for d in STORAGE_DTYPES.values()} | {d: d for d in STORAGE_DTYPES}
 # what `--checkpoint-dtype` takes: a dtype, `compute` (as computed: the chain model) or `auto`
 CHOICES = ("auto", "compute", *(d.alias for d in STORAGE_DTYPES.values()))
@@ -116,49 +98,6 @@ def _check_tolerance(tolerance: float | None) -> None:
         raise PlanError(
             f"tolerance: expected a finite relative gradient error >= 0 (0.01 for 1%), got {tolerance!r}"
         )
-
-
-def output_dtype(profile: Profile, i: int) -> str:
-    """The dtype stage i computes a_i in (its `output_dtype`, else the profile's dtype)."""
-    return profile.layers[i - 1].output_dtype or profile.dtype
-
-
-def _numel(profile: Profile, i: int) -> int:
-    src = output_dtype(profile, i)
-    if src not in STORAGE_DTYPES:
-        raise PlanError(
-            f"checkpoint_dtypes[{i}]: stage {i} outputs {src!r}, which has no storage conversion; "
-            "store it as computed"
-        )
-    x = profile.layers[i - 1].output_bytes
-    e = STORAGE_DTYPES[src].element_bytes
-    if x % e:
-        raise PlanError(
-            f"checkpoint_dtypes[{i}]: output_bytes {x} of stage {i} is not a whole number of "
-            f"{src} elements; only single floating tensor outputs can be stored converted"
-        )
-    return x // e
-
-
-def storage_sizes(profile: Profile, storage: dict[int, str]) -> tuple[dict[int, int], dict[int, int]]:
-    """For a storage map (stage -> dtype name): stored bytes of each a_i, and the transient bytes
-    of its conversion (fp8's scaled copy: x_i). Raises PlanError naming a bad entry."""
-    L = profile.n_stages
-    xs: dict[int, int] = {}
-    tmp: dict[int, int] = {}
-    for i, name in storage.items():
-        if isinstance(i, bool) or not isinstance(i, int) or not 1 <= i < L:
-            raise PlanError(
-                f"checkpoint_dtypes: stage {i!r} is not a kept activation; use stages 1..{L - 1}"
-            )
-        if name not in STORAGE_DTYPES:
-            raise PlanError(
-                f"checkpoint_dtypes[{i}]: unknown dtype {name!r}; use one of {', '.join(STORAGE_DTYPES)}"
-            )
-        d = STORAGE_DTYPES[name]
-        xs[i] = _numel(profile, i) * d.element_bytes
-        tmp[i] = profile.layers[i - 1].output_bytes if d.scaled else 0
-    return xs, tmp
 
 
 def default_tolerance(profile: Profile) -> float:
@@ -213,12 +152,10 @@ def choose_storage(
     tolerance allows, largest activations first), `compute` (none), or one dtype for all kept
     activations (lossy ones only as far as the tolerance allows). Lossy choices that do not lower
     the peak are then undone. Returns a `StorageChoice` (bytes, relative error)."""
-    from memplan.planner.simulate import _replay
-
     mode = parse_checkpoint_dtype(checkpoint_dtype)
     _check_tolerance(tolerance)
     tol = default_tolerance(profile) if tolerance is None else float(tolerance)
-    base = _replay(profile, ops)
+    base = replay(profile, ops)
     if mode == "compute" or not base.valid:
         return StorageChoice({}, base.peak_bytes, 0.0, tol, "checkpoints stored as computed")
     kept = _kept(profile, ops)
@@ -245,13 +182,13 @@ def choose_storage(
             continue
         storage[i] = best[0]
         spent += best[2]
-    sim = _replay(profile, ops, storage)
+    sim = replay(profile, ops, storage)
     # undo lossy choices that do not lower the peak (smallest savings first)
     for i in sorted(storage, key=lambda j: (profile.layers[j - 1].output_bytes, -j)):
         if storage_error(profile, i, storage[i]) == 0:
             continue
         trial = {j: d for j, d in storage.items() if j != i}
-        t = _replay(profile, ops, trial)
+        t = replay(profile, ops, trial)
         if t.peak_bytes <= sim.peak_bytes:
             storage, sim = trial, t
     storage = {i: storage[i] for i in sorted(sim.converted) if i in storage}
@@ -268,8 +205,6 @@ def choose_storage(
 
 def _kept(profile: Profile, ops: list[Op]) -> list[int]:
     """Stages whose F output the replay would convert (stored across later ops)."""
-    from memplan.planner.simulate import _replay
-
     candidates = {}
     for i in range(1, profile.n_stages):
         try:
@@ -277,7 +212,7 @@ def _kept(profile: Profile, ops: list[Op]) -> list[int]:
         except PlanError:
             continue  # not a single floating tensor of a known dtype: stored as computed
         candidates[i] = "bfloat16"
-    return sorted(set(_replay(profile, ops, candidates).converted)) if candidates else []
+    return sorted(set(replay(profile, ops, candidates).converted)) if candidates else []
 
 
 def apply_storage(
@@ -289,14 +224,11 @@ def apply_storage(
 ) -> Plan:
     """`plan` with its kept activations' storage chosen by `choose_storage`, re-predicted and
     re-checked against its budget. An infeasible plan without a schedule is returned unchanged."""
-    from memplan.planner._build import finish_plan
-    from memplan.planner.simulate import _replay
-
     if not plan.schedule:
         return plan
     ops = plan.ops()
     choice = choose_storage(profile, ops, checkpoint_dtype=checkpoint_dtype, tolerance=tolerance)
-    sim = _replay(profile, ops, choice.storage)
+    sim = replay(profile, ops, choice.storage)
     options = {**plan.options, **storage_options(checkpoint_dtype, choice)}
     message = plan.message if plan.feasible else ""
     out = finish_plan(

@@ -6,17 +6,20 @@ Every number is a replay (`memplan.planner.simulate`) of the schedule the point 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from pathlib import Path
 
 from memplan.planner._build import one_level_ops
+from memplan.planner._optimal_slotted import gap_of
 from memplan.planner.optimal import (
+    BAND_WIDTH,
     DEFAULT_GROUPS,
     _check_options,
     _ops_for,
     solve_frontier,
 )
 from memplan.planner.schema import PlanError
-from memplan.planner.simulate import _replay, store_all_time
+from memplan.planner.simulate import replay, store_all_time
 from memplan.profiler.schema import Profile, load_profile
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +37,11 @@ class FrontierPoint(BaseModel):
     peak_bytes: int = Field(ge=0, description="activation peak (bytes above fixed_bytes)")
     time_s: float = Field(ge=0, description="predicted step time in seconds")
     overhead: float = Field(ge=0, description="time / store-all time - 1")
+    lower_bound_s: float = Field(
+        ge=0, description="certified: no schedule of the recurrence within peak_bytes is faster "
+        "(seconds; NOTE [ long chains and the certificate ] in planner/optimal.py)",
+    )
+    optimality_gap: float = Field(ge=0, description="(time - lower_bound_s) / lower_bound_s; 0: exact")
 
 
 class BaselinePoint(BaseModel):
@@ -96,13 +104,13 @@ def _baselines(profile: Profile) -> list[tuple[str, str, int, float]]:
 
     L = profile.n_stages
     out = []
-    sa = _replay(profile, one_level_ops([(1, L, False)], L))
+    sa = replay(profile, one_level_ops([(1, L, False)], L))
     out.append(("store-all", "store-all", sa.peak_bytes, sa.time_s))
     sq = plan_sqrt(profile, None).predicted
     out.append(("sqrt", "sqrt", sq.peak_bytes, sq.time_s))
     uniform_peaks = set()
     for k in range(1, L + 1):
-        sim = _replay(profile, one_level_ops(uniform_segments(L, k), L))
+        sim = replay(profile, one_level_ops(uniform_segments(L, k), L))
         out.append(("uniform", f"uniform k={k}", sim.peak_bytes, sim.time_s))
         uniform_peaks.add(sim.peak_bytes)
     for budget in sorted(uniform_peaks):
@@ -141,7 +149,7 @@ def frontier(
     # replay every point's schedule: the frontier is made of predictions, like every plan
     replayed = []
     for peak in dp_peaks:
-        sim = _replay(prof, _ops_for(fr, bounds, peak, L))
+        sim = replay(prof, _ops_for(fr, bounds, peak, L))
         replayed.append((sim.peak_bytes, sim.time_s))
     front = _pareto(replayed)
     base = store_all_time(prof)
@@ -158,6 +166,7 @@ def frontier(
             overhead=max(0.0, time / base - 1) if base > 0 else 0.0, dominated=dominated,
         ))
     idx = _thin(peaks, points, keep) if points is not None else range(len(front))
+    lower = _lower_bounds(prof, [front[i] for i in idx], exact=bounds is None)
     return Frontier(
         profile_name=prof.name,
         n_stages=L,
@@ -168,11 +177,40 @@ def frontier(
         n_pareto=len(front),
         points=[
             FrontierPoint(peak_bytes=front[i][0], time_s=front[i][1],
-                          overhead=max(0.0, front[i][1] / base - 1) if base > 0 else 0.0)
-            for i in idx
+                          overhead=max(0.0, front[i][1] / base - 1) if base > 0 else 0.0,
+                          lower_bound_s=lb, optimality_gap=gap_of(front[i][1], lb))
+            for i, lb in zip(idx, lower, strict=True)
         ],
         baselines=baselines,
     )
+
+
+# the longest chain whose grouped frontier gets the banded bound: its uncapped run took 1.4 s of
+# CPU at 300 random stages (frontiers of ~1,800 points) and grows about as L^3; longer chains get
+# the store-all time, a plain bound
+BOUND_MAX_STAGES = 300
+
+
+def _lower_bounds(prof: Profile, pts: list[tuple[int, float]], *, exact: bool) -> list[float]:
+    """A certified lower bound (seconds) on the time within each point's peak: the point's own time
+    when the frontier is exact; else, up to BOUND_MAX_STAGES stages, the banded DP's optimistic run
+    without a budget (NOTE [ banded DP and its certificate ] in planner/_optimal_long.py: one
+    staircase for every budget), and above, the store-all time."""
+    if exact:
+        return [t for _, t in pts]
+    if prof.n_stages > BOUND_MAX_STAGES:
+        base = store_all_time(prof)
+        return [min(t, base) for _, t in pts]
+    from memplan.planner._optimal_dp import costs_of
+    from memplan.planner._optimal_long import solve_long
+
+    lp, lt = solve_long(costs_of(prof), cap=None, width=BAND_WIDTH, optimistic=True,
+                        windowed=False).top()
+    out = []
+    for peak, time in pts:
+        k = bisect_right(lp, peak) - 1
+        out.append(min(time, lt[k]) if k >= 0 else time)
+    return out
 
 
 def plot_frontier(result: Frontier, path: str | Path) -> Path:
@@ -181,8 +219,7 @@ def plot_frontier(result: Frontier, path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from memplan.units import format_bytes
+    from memplan.planner.units import format_bytes
 
     path = Path(path)
     fig, ax = plt.subplots(figsize=(7, 4.5))

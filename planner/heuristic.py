@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from memplan.planner._build import finish_plan, infeasible_plan, one_level_ops
 from memplan.planner.schema import Op, Plan
-from memplan.planner.simulate import Simulation, _replay
+from memplan.planner.simulate import Simulation, replay
 from memplan.profiler.schema import Profile
 
 __all__ = ["plan_heuristic", "heuristic_order"]
@@ -38,7 +38,7 @@ def _segments(recompute: set[int], n_stages: int) -> list[tuple[int, int, bool]]
 
 def _try(profile: Profile, order: list[int], m: int) -> tuple[list[Op], Simulation]:
     ops = one_level_ops(_segments(set(order[:m]), profile.n_stages), profile.n_stages)
-    return ops, _replay(profile, ops)
+    return ops, replay(profile, ops)
 
 
 def plan_heuristic(profile: Profile, budget_bytes: int | None = None) -> Plan:

@@ -15,21 +15,36 @@ schedule it returns is a valid schedule of the original chain and its prediction
 schedules that cut inside a group are not searched. The plan says so (`options["mode"] ==
 "grouped"`, `options["groups"]`) and reports the least peak the exact recurrence allows, which the
 grouped plan may miss. Measured against exact at 200 stages, 150 groups lose at most 0.55%.
+
+NOTE [ long chains and the certificate ]
+Above EXACT_MAX_STAGES stages with a budget (and no explicit `exact_max_stages`, which keeps its
+meaning: grouped above it), "auto" no longer groups: a chain whose sub-chains
+repeat (a transformer's identical blocks) is solved exactly with memoisation by content ("memo"),
+any other by the banded DP ("banded"), whose schedule comes with a certified lower bound (both in
+planner/_optimal_long.py). Every plan with a schedule carries `options["lower_bound_s"]` (seconds:
+no schedule of the recurrence within the budget is faster) and `options["optimality_gap"]` =
+(time - lower bound) / lower bound: 0 for exact and memo plans; banded, slotted and grouped plans
+say how near they are. Plans without a budget bound the time by the store-all time (a schedule runs
+each stage's forward and backward at least once), which is exact for the fastest plan and a plain
+bound for `max_overhead` plans, whose objective is memory.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time as _time
 
 from memplan.planner._build import finish_plan, infeasible_plan, insert_drops
 from memplan.planner._optimal_dp import costs_of, expand_ops, group_costs, schedule_ops
+from memplan.planner._optimal_slotted import INF, Refined, gap_of, refine
 from memplan.planner.schema import Plan, PlanError
-from memplan.planner.simulate import _replay, store_all_time
+from memplan.planner.simulate import replay, store_all_time
 from memplan.profiler.schema import Profile
 
 __all__ = ["plan_optimal", "solve_frontier", "EXACT_MAX_STAGES", "EXACT_MAX_STAGES_UNCAPPED",
-           "DEFAULT_GROUPS", "MODES"]
+           "DEFAULT_GROUPS", "MODES", "BAND_WIDTH", "check_mode", "use_slotted", "plan_slotted",
+           "lower_bound_banded"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +53,10 @@ EXACT_MAX_STAGES = 200  # above this, group stages (exact, windowed: 0.4-1.2 s a
 # are then several times larger: exact takes 1-1.5 s at 100 stages and ~10 s at 200
 EXACT_MAX_STAGES_UNCAPPED = 120
 DEFAULT_GROUPS = 150  # macro stages in grouped mode (1-4 s at 1,000 stages)
-MODES = ("auto", "exact", "slotted", "grouped")  # NOTE [ slotted mode and its bound ] for slotted
+# NOTE [ slotted mode and its bound ] for slotted, NOTE [ long chains and the certificate ] for
+# memo and banded
+MODES = ("auto", "exact", "memo", "banded", "slotted", "grouped")
+BAND_WIDTH = 16  # banded mode's first band (stages); doubled until the gap is within max_gap
 
 
 def solve(c, *, cap: int | None = None, windowed: bool = False):
@@ -76,21 +94,48 @@ def solve_frontier(
     exact_max_stages: int | None = None,
     groups: int = DEFAULT_GROUPS,
     windowed: bool = False,
+    memo: bool | None = False,
 ) -> tuple[object, list[tuple[int, int]] | None]:
     """The DP's frontiers for `profile` (points above `cap_bytes` dropped; `top()` and `choice()`
     as in `_optimal_dp.Frontiers`; `windowed`: only what a plan within `cap_bytes` needs, and
-    `top()` is its one point) and the stage groups used (None: exact, one per macro stage)."""
+    `top()` is its one point) and the stage groups used (None: exact, one per macro stage).
+    `memo`: solve exactly with memoisation by content (NOTE [ memoised by content ] in
+    planner/_optimal_long.py) at any length; None: where it saves most of the work and the chain
+    is longer than `exact_max_stages` (instead of grouping)."""
     c = costs_of(profile)
     L = profile.n_stages
     bounds = None
     if exact_max_stages is None:
         exact_max_stages = EXACT_MAX_STAGES if cap_bytes is not None else EXACT_MAX_STAGES_UNCAPPED
+    if memo is None:
+        memo = L > exact_max_stages and _repeats(c)
+    if memo:
+        from memplan.planner._optimal_long import solve_long
+
+        return solve_long(c, cap=cap_bytes, memo=True, windowed=windowed), None
     if L > exact_max_stages:
         bounds = _groups(L, groups)
         c = group_costs(c, bounds)
         log.info("optimal: %d stages > exact_max_stages=%d; solving over %d groups",
                  L, exact_max_stages, len(bounds))
     return solve(c, cap=cap_bytes, windowed=windowed), bounds
+
+
+def _repeats(c) -> bool:
+    """Whether memoisation by content saves most of the DP's work on costs `c`."""
+    from memplan.planner._optimal_long import content_classes, memo_worthwhile
+
+    return memo_worthwhile(content_classes(c))
+
+
+def lower_bound_banded(c, budget_bytes: int, width: int = BAND_WIDTH) -> float:
+    """A certified lower bound (seconds) on the exact recurrence's least time within
+    `budget_bytes`: the banded DP's optimistic run (NOTE [ banded DP and its certificate ] in
+    planner/_optimal_long.py); inf when no schedule fits."""
+    from memplan.planner._optimal_long import solve_long
+
+    _, times = solve_long(c, cap=budget_bytes, width=width, optimistic=True).top()
+    return times[-1] if times else INF
 
 
 def _ops_for(fr, bounds, peak: int, n_stages: int):
@@ -144,15 +189,21 @@ def plan_optimal(
     dtype of the kept activations within the relative gradient error `tolerance`
     (planner/checkpoint_dtype.py): the fastest frontier schedule that fits the budget once stored.
 
-    `mode`: "auto" (exact up to `exact_max_stages` stages, grouped above), "exact", "grouped" or
-    "slotted" (rotor's formulation: memory in `slots` slots, refined while the certified
-    `optimality_gap` exceeds `max_gap`, NOTE [ slotted mode and its bound ])."""
+    `mode`: "auto" (exact up to `exact_max_stages` stages; above, grouped, except with a budget
+    and the default `exact_max_stages`: memo where sub-chains repeat, else banded), "exact", "memo" (exact, memoised by content),
+    "banded" (certified, refined while the gap exceeds `max_gap`), "grouped" or "slotted"
+    (rotor's formulation: memory in `slots` slots, refined while the certified `optimality_gap`
+    exceeds `max_gap`, NOTE [ slotted mode and its bound ]). Every plan with a schedule carries
+    `options["lower_bound_s"]` and `options["optimality_gap"]` (NOTE [ long chains and the
+    certificate ]); its message names the mode, the gap and the seconds spent."""
+    t0 = _time.perf_counter()
     _check_options(max_overhead, exact_max_stages, groups)
-    from memplan.planner._optimal_slotted import check_mode, plan_slotted, use_slotted
-
     check_mode(mode, slots, max_gap)
     if use_slotted(mode, budget_bytes, max_overhead, checkpoint_dtype):
         return plan_slotted(profile, budget_bytes, slots=slots, max_gap=max_gap)
+    if mode == "banded" and (budget_bytes is None or max_overhead is not None):
+        raise PlanError("mode: 'banded' needs budget_bytes and no max_overhead (its bound is on the "
+                        "time within a budget); use mode='auto' for the other questions")
     if mode == "exact":
         exact_max_stages = profile.n_stages
     elif mode == "grouped":
@@ -167,12 +218,24 @@ def plan_optimal(
             )
     L = profile.n_stages
     cap = budget_bytes if max_overhead is None else None
+    memo: bool | None = mode == "memo"
+    if mode == "auto" and exact_max_stages is None and cap is not None and L > EXACT_MAX_STAGES:
+        # NOTE [ long chains and the certificate ]; an explicit exact_max_stages keeps its meaning
+        # (grouped above it), and without a budget the frontiers are uncapped (several times
+        # larger): grouped, as before
+        memo = _repeats(costs_of(profile))
+        if not memo:
+            mode = "banded"
+    if mode == "banded":
+        return _plan_banded(profile, budget_bytes, max_gap=max_gap, t0=t0)
     fr, bounds = solve_frontier(
         profile, cap_bytes=cap, exact_max_stages=exact_max_stages, groups=groups,
         windowed=cap is not None,  # one point is wanted: the fastest within the budget
+        memo=memo,
     )
     peaks, times = fr.top()
-    options: dict = {"mode": "exact" if bounds is None else "grouped"}
+    name = "memo" if memo else "exact" if bounds is None else "grouped"
+    options: dict = {"mode": name}
     if bounds is not None:
         options["groups"] = [[p, q] for p, q in bounds]
     if max_overhead is not None:
@@ -185,7 +248,7 @@ def plan_optimal(
         k = next((i for i, tm in enumerate(times) if tm <= limit * (1 + 1e-12)), len(times) - 1)
         if budget_bytes is not None and peaks[k] > budget_bytes:
             ops = _ops_for(fr, bounds, peaks[k], L)
-            sim = _replay(profile, ops)
+            sim = replay(profile, ops)
             if sim.peak_bytes > budget_bytes:
                 return finish_plan(
                     profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
@@ -197,19 +260,73 @@ def plan_optimal(
     else:
         k = len(peaks) - 1  # the cap already dropped the points above the budget
     ops = _ops_for(fr, bounds, peaks[k], L)
-    sim = _replay(profile, ops)
+    sim = replay(profile, ops)
+    # the certificate (NOTE [ long chains and the certificate ])
+    if bounds is None:
+        lower = sim.time_s
+    elif cap is not None:
+        lower = min(sim.time_s, lower_bound_banded(costs_of(profile), cap))
+    else:
+        lower = store_all_time(profile)
+    gap = gap_of(sim.time_s, lower)
+    options["lower_bound_s"] = lower
+    options["optimality_gap"] = gap
+    desc = {"exact": "exact", "memo": "exact (memoised by content)",
+            "grouped": f"grouped ({len(bounds or ())} groups)"}[name]
     msg = (
-        f"{'exact' if bounds is None else f'grouped ({len(bounds)} groups)'} persistent optimum: "
+        f"{desc} persistent optimum: "
         f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards"
     )
     if bounds is not None:
         msg += "; stages are grouped (cuts inside a group are not searched)"
         if L <= 200:  # the exact least peak is O(L^3) scalar work: affordable up to ~200 stages
             msg += f"; the exact least peak is {least_peak(costs_of(profile))} bytes"
+        msg += f"; within {gap:.3%} of the exact optimum (lower bound {lower:.6g} s)"
+    msg += f"; mode {name}, {_time.perf_counter() - t0:.2f} s"
     return finish_plan(
         profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
         message=msg, options=options,
     )
+
+
+def _plan_banded(profile: Profile, budget_bytes: int, *, max_gap: float, t0: float) -> Plan:
+    """Banded mode's Plan (NOTE [ banded DP and its certificate ] in planner/_optimal_long.py):
+    bands of BAND_WIDTH stages, doubled until the certified gap is within `max_gap` (at the whole
+    chain's length both runs are exact). Times in seconds, sizes in bytes, from a replay."""
+    from memplan.planner._optimal_long import schedule_ops_long, solve_long
+
+    c = costs_of(profile)
+    L = profile.n_stages
+    width = BAND_WIDTH
+    best = None  # (time, ops, sim)
+    lower = 0.0
+    while True:
+        lo = lower_bound_banded(c, budget_bytes, width)
+        if lo == INF:  # the relaxation fits nothing: no schedule fits (certified)
+            return _infeasible(profile, budget_bytes, least_peak(c), {"mode": "banded"})
+        lower = max(lower, lo)
+        fr = solve_long(c, cap=budget_bytes, width=width)
+        peaks, _ = fr.top()
+        if peaks:
+            ops = insert_drops(schedule_ops_long(fr, peaks[-1]), L)
+            sim = replay(profile, ops)
+            if best is None or sim.time_s < best[0]:
+                best = (sim.time_s, ops, sim)
+        gap = gap_of(best[0], lower) if best is not None else INF
+        log.info("banded: width %d, gap %.4g, %.2f s", width, gap, _time.perf_counter() - t0)
+        if gap <= max_gap or width >= L:
+            break
+        width = min(2 * width, L)
+    _, ops, sim = best
+    lower = min(lower, sim.time_s)  # at the whole chain both runs agree up to float rounding
+    gap = gap_of(sim.time_s, lower)
+    options = {"mode": "banded", "band": width, "lower_bound_s": lower, "optimality_gap": gap}
+    msg = (f"banded persistent optimum (segments of at most {width} stages below the suffixes): "
+           f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards; within "
+           f"{gap:.3%} of the exact optimum (certified lower bound {lower:.6g} s); mode banded, "
+           f"{_time.perf_counter() - t0:.2f} s")
+    return finish_plan(profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
+                       options=options, message=msg)
 
 
 def _infeasible(profile: Profile, budget_bytes, least: int, options: dict) -> Plan:
@@ -250,7 +367,7 @@ def _plan_with_storage(profile: Profile, budget_bytes, *, max_overhead, exact_ma
         choice = choose_storage(profile, ops, checkpoint_dtype=checkpoint_dtype, tolerance=tolerance)
         if choice.peak_bytes > budget_bytes:
             continue
-        sim = _replay(profile, ops, choice.storage)
+        sim = replay(profile, ops, choice.storage)
         options = {"mode": "exact" if bounds is None else "grouped",
                    **storage_options(checkpoint_dtype, choice)}
         if bounds is not None:
@@ -270,3 +387,73 @@ def _plan_with_storage(profile: Profile, budget_bytes, *, max_overhead, exact_ma
         "options": {**base.options, **storage_options(checkpoint_dtype, none)},
         "message": "; ".join(m for m in (base.message, note) if m),
     })
+
+
+# NOTE [ when slotted mode runs ] only when asked (mode="slotted"): since the exact DP is compiled
+# (planner/_optimal_kernel.py) it is faster than a pair of slotted runs at every length "auto"
+# solves exactly (docs/planner.md), and exact needs no bound. Slotted stays for its certificate
+# (a lower bound, from the same tables) and as rotor's formulation, measured beside ours.
+TIME_CAP_S = 4.0  # refinement stops before a doubling would pass this many seconds
+
+
+def check_mode(mode, slots, max_gap) -> None:
+    """Validate the mode options (PlanError naming the field)."""
+    if mode not in MODES:
+        raise PlanError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 8 <= slots <= 100_000:
+        raise PlanError(f"slots: expected an integer from 8 to 100000 (500 is rotor's), got {slots!r}")
+    if isinstance(max_gap, bool) or not isinstance(max_gap, (int, float)) or not (
+        max_gap == max_gap and 0 <= max_gap < float("inf")
+    ):
+        raise PlanError(f"max_gap: expected a finite fraction >= 0 (0.01 for 1%), got {max_gap!r}")
+
+
+def use_slotted(mode, budget_bytes, max_overhead, checkpoint_dtype) -> bool:
+    """Whether `plan_optimal` runs the slotted mode: when asked (NOTE [ when slotted mode runs ]);
+    it needs a budget, since slots are its fractions."""
+    if mode == "slotted":
+        if budget_bytes is None or max_overhead is not None:
+            raise PlanError("mode: 'slotted' needs budget_bytes and no max_overhead (the slots are "
+                            "fractions of the budget); use mode='auto' for the other questions")
+        if checkpoint_dtype != "compute":
+            raise PlanError("mode: 'slotted' plans compute-dtype checkpoints only; use mode='auto' "
+                            "with checkpoint_dtype")
+        return True
+    return False
+
+
+def plan_slotted(profile, budget_bytes: int, *, slots: int = 500, max_gap: float = 0.01):
+    """The slotted mode's Plan: the UP run's schedule, replayed (its time and peak), with
+    `options` mode/slots/lower_bound_s/optimality_gap (NOTE [ slotted mode and its bound ])."""
+    c = costs_of(profile)
+    L = profile.n_stages
+    r = (refine(c, budget_bytes, slots=slots, tolerance=max_gap, time_cap_s=TIME_CAP_S)
+         if budget_bytes > 0 else Refined(None, INF, INF, slots, 0.0))
+    if r.ops is None:
+        least = least_peak(c)
+        if least > budget_bytes:  # the relaxation agrees (or was skipped): nothing fits
+            plan = infeasible_plan(profile, strategy="optimal", budget_bytes=budget_bytes,
+                                   least_bytes=least, options={"mode": "slotted", "slots": r.slots})
+            return plan.model_copy(update={"message": plan.message.replace(
+                " or try strategy 'optimal'", "")})
+        # rounding up lost a budget close to the least peak: the exact DP capped at the budget
+        # keeps only points below it, so it is fast there
+        ops = insert_drops(schedule_ops(solve(c, cap=budget_bytes), budget_bytes), L)
+        sim = replay(profile, ops)
+        return finish_plan(profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
+                           options={"mode": "exact", "lower_bound_s": sim.time_s,
+                                    "optimality_gap": 0.0},
+                           message="exact persistent optimum (the budget is too close to the "
+                                   "least peak for slots)")
+    ops = insert_drops(r.ops, L)
+    sim = replay(profile, ops)
+    if not sim.valid or sim.peak_bytes > budget_bytes:  # NOTE [ slotted mode ]: cannot happen
+        raise AssertionError(f"slotted schedule breaks the budget: {sim.error or sim.peak_bytes}")
+    gap = gap_of(sim.time_s, r.lower_s)
+    options = {"mode": "slotted", "slots": r.slots, "lower_bound_s": r.lower_s,
+               "optimality_gap": gap}
+    msg = (f"slotted persistent optimum ({r.slots} slots): "
+           f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards; within "
+           f"{gap:.3%} of the exact optimum (certified lower bound {r.lower_s:.6g} s)")
+    return finish_plan(profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
+                       options=options, message=msg)

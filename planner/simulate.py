@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memplan.planner.schema import Op, parse_schedule
+from memplan.planner.storage import storage_sizes
 from memplan.profiler.schema import Profile, load_profile
 
-__all__ = ["Simulation", "simulate", "store_all_time"]
+__all__ = ["Simulation", "simulate", "replay", "store_all_time", "nograd_forward_s",
+           "nograd_forward_temp_bytes"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ def simulate(
     """
     prof = load_profile(profile)
     ops = parse_schedule(schedule)
-    return _replay(prof, ops, storage)
+    return replay(prof, ops, storage)
 
 
 def nograd_forward_s(prof: Profile) -> list[float]:
@@ -97,7 +99,9 @@ def nograd_forward_temp_bytes(prof: Profile) -> list[int]:
             else layer.forward_nograd_temp_bytes for layer in prof.layers]
 
 
-def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None) -> Simulation:
+def replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None) -> Simulation:
+    """`simulate` for a loaded Profile and parsed ops (no validation or conversion: what the
+    strategies call on schedules they built). Returns a `Simulation` (seconds, bytes)."""
     L = prof.n_stages
     x = [prof.input_bytes] + [layer.output_bytes for layer in prof.layers]
     f = [0.0] + [layer.forward_s for layer in prof.layers]
@@ -124,8 +128,6 @@ def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None)
     xs: dict[int, int] = {}
     cast_tmp: dict[int, int] = {}
     if storage:
-        from memplan.planner.checkpoint_dtype import storage_sizes
-
         xs, cast_tmp = storage_sizes(prof, storage)
     fresh = [False] * (L + 1)
     comp = [False] * (L + 1)
@@ -240,3 +242,8 @@ def _replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None)
     if next_b != 0:
         return fail(len(ops), ("B", next_b), f"the schedule ends before it (it must run B {L}..1)")
     return result()
+
+
+# `replay`'s former private name, kept while a module outside this one's owners still imports it
+# (planner/uniform.py)
+_replay = replay

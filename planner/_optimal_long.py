@@ -1,0 +1,377 @@
+"""Long chains: the exact DP memoised by sub-chain content, and a banded DP with a certified bound.
+
+Both run the compiled kernel's sub-problem solver (`_optimal_kernel._subchain`, the recurrence of
+NOTE [ the recurrence ] in planner/_optimal_dp.py) over a chosen set of sub-problems; only which
+sub-problems are solved, and what stands in for the others, differs from `solve_compiled`.
+
+NOTE [ memoised by content ]
+A sub-problem's frontier depends only on the costs it reads: its input's size x_{s-1}, the costs
+of stages s..t, whether t = L (the loss), and for a late left part Q(s, t) the costs of stage t+1
+(the state before `B t+1`). Sub-problems of the same length with equal costs have equal frontiers
+(by induction on length: their children are equal too), and their choices are the same split
+points shifted by the distance between them. A transformer is an embedding, n identical blocks
+and a head: of the L^2 / 2 sub-chains only about 3 per length differ (those that start at the
+embedding, those that end at the head, the rest), so the DP solves O(L) sub-problems instead of
+O(L^2), each still exactly, and aliases the others to them. Each class is solved over the union
+of its members' windows (NOTE [ windows ] in planner/_optimal_kernel.py: the least `lo` of its
+members), so every member's question is answered exactly. Chains without repeats gain nothing
+(every class has one member) and the plain kernel runs instead.
+
+NOTE [ banded DP and its certificate ]
+On a long heterogeneous chain the optimum keeps a checkpoint every few stages: its sub-problems
+are the suffixes s..L (the "spine": each top-level split's right part) and short segments (left
+parts, and everything inside them). The banded DP solves exactly those: P(s, L) for every s, and
+every P(s, t) and Q(s, t) of at most `width` stages, O(L x width^2) splits instead of O(L^3).
+Two runs over the same band differ only in what the longer sub-problems are:
+
+- upper: they are not offered (no point), so the DP is a restriction of the recurrence: its
+  schedule is a schedule of the recurrence, replayed for the plan's numbers;
+- lower: each offers one optimistic point, time sum(f + b) over its stages (no schedule of it
+  is faster: each stage runs forward and backward at least once) at a peak that every schedule
+  of it reaches (`_floors`: the largest `B k` of the sub-chain, which runs with a_{s-1}, its
+  input a_{k-1}, s_k and d_k live while d_{k-1} is made). Each such point is below the true
+  frontier everywhere, and the recurrence is monotone in its children (a min of sums with maxed
+  floors), so the lower run's optimum is a lower bound on the exact optimum at the same budget.
+
+The plan's `optimality_gap` = (replayed time - lower bound) / lower bound is therefore certified.
+Wider bands close it (at width >= L both runs are exact); `auto` doubles the width until the gap is
+within `max_gap`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from memplan.planner._optimal_dp import RECORD, Costs, build_ops
+from memplan.planner._optimal_kernel import (
+    _BIG,
+    _LAUNCH,
+    _NO_CAP,
+    _arrays,
+    _grow3,
+    _staging,
+    _subchain,
+    _widen,
+    _work,
+    get_num_threads,
+    njit,
+    prange,
+)
+
+__all__ = ["LongFrontiers", "content_classes", "solve_long", "memo_worthwhile", "schedule_ops_long"]
+
+log = logging.getLogger(__name__)
+
+SKIP, SOLVE, ALIAS, OPTIMISTIC = 0, 1, 2, 3  # what each sub-problem is (status codes)
+_OPT_CHOICE = 1 << 40  # the choice code of an optimistic point (no schedule behind it)
+
+
+def content_classes(c: Costs) -> np.ndarray:
+    """rep[kind, s, t]: the first start s' of a sub-problem of the same length and the same costs
+    (NOTE [ memoised by content ]); kind 0 the sub-chains P(s, t), kind 1 the late left parts
+    Q(s, t). Entries outside 1 <= s <= t <= L are 0."""
+    L = c.L
+    rows = np.column_stack([c.x, c.f, c.f_nograd, c.b, c.s, c.tf_f, c.tf_r, c.tf_l, c.tb])
+    rows[0, 1:] = 0  # stage 0 is the input: only its size is a cost
+    _, stype = np.unique(rows, axis=0, return_inverse=True)
+    stype = stype.reshape(-1).astype(np.int64)
+    base = int(stype.max()) + 1
+    rep = np.zeros((2, L + 2, L + 1), np.int64)
+
+    def pair(a, b):
+        """Dense class ids of the pairs (a[i], b[i]), and each one's first index."""
+        _, first, inv = np.unique(a * base + b, return_index=True, return_inverse=True)
+        return inv.reshape(-1), first
+
+    # A[st - 1]: the class of (x_{st-1}, stages st..st+d), extended one stage per length
+    x0 = np.unique(np.asarray(c.x, np.int64), return_inverse=True)[1].reshape(-1)
+    A, _ = pair(x0[:L], stype[1:L + 1])
+    for d in range(L):
+        n = L - d
+        st = np.arange(1, n + 1)
+        # P(st, st+d): A plus whether it ends at the loss
+        inv, first = pair(A[:n], (st + d == L).astype(np.int64))
+        rep[0, st, st + d] = first[inv] + 1
+        if d + 1 < L:
+            # Q(st, st+d) (a late left part, t = st+d < L) reads stage t+1 too: A extended by it
+            A, first = pair(A[:n - 1], stype[d + 2:L + 1])
+            rep[1, st[:n - 1], st[:n - 1] + d] = first[A] + 1
+    return rep
+
+
+def memo_worthwhile(rep: np.ndarray) -> bool:
+    """Whether memoisation by content saves most of the work: fewer than a quarter of the
+    sub-chains P(s, t) are their class's first member."""
+    L = rep.shape[2] - 1
+    s_idx = np.arange(rep.shape[1])[:, None]
+    firsts = int(np.count_nonzero((rep[0] == s_idx) & (rep[0] > 0)))
+    return firsts < 0.25 * L * (L + 1) / 2
+
+
+@njit(cache=True)
+def _floors(x, s, tb):
+    """fl[s, t]: a peak (bytes) that every schedule of P(s, t) or Q(s, t) reaches: the largest
+    `B k`, k = s..t (NOTE [ banded DP and its certificate ])."""
+    L = x.shape[0] - 1
+    fl = np.zeros((L + 2, L + 1), np.int64)
+    for st in range(1, L + 1):
+        xs = x[st - 1]
+        best = 2 * xs + s[st] + x[st] + tb[st]
+        fl[st, st] = best
+        for k in range(st + 1, L + 1):
+            best = max(best, xs + 2 * x[k - 1] + s[k] + x[k] + tb[k])
+            fl[st, k] = best
+    return fl
+
+
+@njit(cache=True)
+def _held(held, status, rep, kind, st, t, v):
+    """held of sub-problem (kind, st, t), or of its class's first member, raised to v."""
+    code = status[kind, st, t]
+    if code == SKIP or code == OPTIMISTIC:
+        return
+    r = rep[kind, st, t] if code == ALIAS else st
+    tt = t - (st - r)
+    if v > held[kind, r, tt]:
+        held[kind, r, tt] = v
+
+
+@njit(cache=True)
+def _windows_long(x, s, useful, cap, windowed, status, rep):
+    """lo[kind, st, t] (bytes) of every solved sub-problem, as the kernel's `_windows` (NOTE
+    [ windows ] there), with two changes: only solved sub-problems ask their children (a band's
+    skipped and optimistic ones ask nothing), and a class's first member answers for every member
+    (NOTE [ memoised by content ]: it propagates the most any member's ancestors hold, which
+    bounds each member's own; a wider window than needed is still exact)."""
+    L = x.shape[0] - 1
+    lo = np.full((2, L + 2, L + 1), -_NO_CAP, np.int64)
+    if not windowed:
+        return lo
+    held = np.full((2, L + 2, L + 1), -_NO_CAP, np.int64)
+    held[0, 1, L] = 0
+    for d in range(L - 1, -1, -1):
+        for kind in range(2):
+            for st in range(1, L - d + 1):
+                t = st + d - kind
+                if t < st or status[kind, st, t] != SOLVE:
+                    continue
+                h = held[kind, st, t]
+                if h < 0:
+                    continue  # never asked for
+                lo[kind, st, t] = cap - h
+                xs = x[st - 1]
+                if st < t:
+                    _held(held, status, rep, kind, st + 1, t, h + xs + s[st])
+                for sp in range(st + 1, t + 1):
+                    _held(held, status, rep, kind, sp, t, h + xs)
+                    _held(held, status, rep, 0, st, sp - 1, h)
+                    if useful[sp - 1]:
+                        _held(held, status, rep, 1, st, sp - 1, h)
+    return lo
+
+
+@njit(cache=True, parallel=True)
+def _solve_set(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN, todo):
+    """The sub-problems of length d (P(s, s+d), or Q(s, s+d-1) when `late`) marked in `todo`,
+    `n_workers` at a time, into staging rows (as the kernel's `_one_length`; -1 in gN: too wide)."""
+    kind = 1 if late else 0
+    n = todo.shape[0]
+    for w in prange(n_workers):
+        W = _work(width)
+        for idx in range(w, n, n_workers):
+            if not todo[idx]:
+                gN[idx] = 0
+                continue
+            st = idx + 1
+            t = st + d - kind
+            ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt, PP, PT, PC, W)
+            if ne <= width:
+                gP[idx, :ne] = W[0][:ne]
+                gT[idx, :ne] = W[1][:ne]
+                gC[idx, :ne] = W[2][:ne]
+                gN[idx] = ne
+            else:
+                gN[idx] = -1
+
+
+@njit(cache=True)
+def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum):
+    """The kernel's `_solve` over the sub-problems `status` marks: SOLVE ones solved (exactly),
+    ALIAS ones pointed at their class's first member `rep`, OPTIMISTIC ones given the one point
+    (fl, fbsum) (NOTE [ banded DP and its certificate ]), SKIP ones left empty. Returns the pool
+    (off, cnt, peaks, times, choices) like `_solve`."""
+    x, useful = K[0], K[9]
+    L = x.shape[0] - 1
+    lo = _windows_long(x, K[4], useful, cap, windowed, status, rep)
+    off = np.zeros((2, L + 2, L + 1), np.int64)
+    cnt = np.zeros((2, L + 2, L + 1), np.int64)
+    PP = np.empty(1 << 16, np.int64)
+    PT = np.empty(1 << 16, np.float64)
+    PC = np.empty(1 << 16, np.int64)
+    used = 0
+    gP, gT, gC = _staging(L, width)
+    gN = np.zeros(L, np.int64)
+    for d in range(L):
+        n = L - d
+        for phase in range(2):
+            kind = 1 - phase  # Q(s, s+d-1) first: P(s, s+d)'s late split at s' = s+d needs it
+            if kind == 1 and d == 0:
+                continue
+            late = kind == 1
+            todo = np.zeros(n, np.bool_)
+            for idx in range(n):
+                st = idx + 1
+                t = st + d - kind
+                todo[idx] = t >= st and status[kind, st, t] == SOLVE
+            _solve_set(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers,
+                       gP, gT, gC, gN, todo)
+            for idx in range(n):
+                if gN[idx] < 0:  # too wide for the staging row: again, alone, into wider rows
+                    st = idx + 1
+                    t = st + d - kind
+                    ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt,
+                                      PP, PT, PC, _work(width))
+                    if ne > width:
+                        width = max(2 * width, ne)
+                        gP, gT, gC = _widen((gP, gT, gC), width, n)
+                    gP[idx, :ne] = W[0][:ne]
+                    gT[idx, :ne] = W[1][:ne]
+                    gC[idx, :ne] = W[2][:ne]
+                    gN[idx] = ne
+            biggest = 0
+            for idx in range(n):
+                st = idx + 1
+                t = st + d - kind
+                if t < st:
+                    continue
+                code = status[kind, st, t]
+                if code == SOLVE:
+                    ne = gN[idx]
+                    PP, PT, PC = _grow3(PP, PT, PC, used + ne + 1)
+                    PP[used:used + ne] = gP[idx, :ne]
+                    PT[used:used + ne] = gT[idx, :ne]
+                    PC[used:used + ne] = gC[idx, :ne]
+                    PP[used + ne] = _BIG
+                    off[kind, st, t] = used
+                    cnt[kind, st, t] = ne
+                    used += ne + 1
+                    biggest = max(biggest, ne)
+                elif code == ALIAS:  # its class's first member is earlier in this length
+                    r = rep[kind, st, t]
+                    off[kind, st, t] = off[kind, r, t - (st - r)]
+                    cnt[kind, st, t] = cnt[kind, r, t - (st - r)]
+                elif code == OPTIMISTIC and fl[st, t] <= cap:
+                    PP, PT, PC = _grow3(PP, PT, PC, used + 2)
+                    PP[used] = fl[st, t]
+                    PT[used] = fbsum[st, t]
+                    PC[used] = _OPT_CHOICE
+                    PP[used + 1] = _BIG
+                    off[kind, st, t] = used
+                    cnt[kind, st, t] = 1
+                    used += 2
+            if 2 * biggest > width:
+                width = 2 * biggest
+                gP, gT, gC = _staging(L, width)
+    return off, cnt, PP[:used].copy(), PT[:used].copy(), PC[:used].copy()
+
+
+@dataclass
+class LongFrontiers:
+    """A `_solve_long` result: the frontiers of the sub-problems it solved (aliases answered by
+    their class's first member). `top()` and `choice()` as in `_optimal_dp.Frontiers`."""
+
+    costs: Costs
+    cap: int | None
+    off: np.ndarray
+    cnt: np.ndarray
+    peaks: np.ndarray
+    times: np.ndarray
+    choices: np.ndarray
+    rep: np.ndarray | None  # content classes (None: no aliases)
+
+    def top(self) -> tuple[list[int], list[float]]:
+        """The whole chain's frontier: (peaks in bytes, times in seconds)."""
+        o, n = self.off[0, 1, self.costs.L], self.cnt[0, 1, self.costs.L]
+        return self.peaks[o:o + n].tolist(), self.times[o:o + n].tolist()
+
+    def choice(self, st: int, t: int, m: int, *, late: bool = False) -> int | None:
+        """The choice of sub-problem st..t's fastest point within m bytes (None: nothing fits),
+        shifted from its class's first member to st; ValueError on an optimistic point."""
+        k = int(late)
+        o, n = self.off[k, st, t], self.cnt[k, st, t]
+        j = int(np.searchsorted(self.peaks[o:o + n], m, side="right")) - 1
+        if j < 0:
+            return None
+        ch = int(self.choices[o + j])
+        if ch == _OPT_CHOICE:
+            raise ValueError(f"sub-problem {st}..{t} has only an optimistic point")
+        shift = st - int(self.rep[k, st, t]) if self.rep is not None else 0
+        if ch == RECORD or shift == 0:
+            return ch
+        return ch + shift if ch > 0 else ch - shift
+
+
+def _status(c: Costs, rep: np.ndarray | None, width: int | None, optimistic: bool) -> np.ndarray:
+    """status[kind, s, t] (SKIP, SOLVE, ALIAS, OPTIMISTIC) for a band of `width` stages (None:
+    every sub-problem) with content classes `rep` (None: none)."""
+    L = c.L
+    status = np.zeros((2, L + 2, L + 1), np.int8)
+    s_idx = np.arange(L + 2)[:, None]
+    t_idx = np.arange(L + 1)[None, :]
+    valid = (s_idx >= 1) & (t_idx >= s_idx)
+    useful = np.zeros(L + 1, bool)
+    from memplan.planner._optimal_dp import late_useful
+
+    useful[:] = late_useful(c)
+    length = t_idx - s_idx + 1
+    for kind in range(2):
+        ok = valid & (t_idx < L) & useful[None, :] if kind else valid
+        if width is None:
+            inside = ok
+        else:
+            inside = ok & ((length <= width) | (t_idx == L))
+        status[kind][inside] = SOLVE
+        if width is not None:
+            status[kind][ok & ~inside] = OPTIMISTIC if optimistic else SKIP
+        if rep is not None:
+            alias = inside & (rep[kind] != s_idx)
+            status[kind][alias] = ALIAS
+    return status
+
+
+def solve_long(c: Costs, *, cap: int | None, width: int | None = None, optimistic: bool = False,
+               memo: bool = False, windowed: bool = True) -> LongFrontiers:
+    """Frontiers of the sub-problems of a band of `width` stages (None: all, exact), memoised by
+    content when `memo` (NOTE [ memoised by content ]); `optimistic`: the band's lower run (NOTE
+    [ banded DP and its certificate ]), else its upper run. `windowed` (with a cap) as in
+    `solve_compiled`. Returns `LongFrontiers` (bytes, seconds)."""
+    L = c.L
+    rep = content_classes(c) if memo else None
+    if width is not None and width >= L:
+        width = None  # the band is the whole chain: exact
+    status = _status(c, rep, width, optimistic)
+    K = _arrays(c)
+    x = K[0]
+    if optimistic and width is not None:
+        fl = _floors(x, K[4], K[8])
+        cs = np.cumsum(np.asarray(c.f) + np.asarray(c.b))  # cs[k] = sum of f + b over 1..k
+        fbsum = np.zeros((L + 2, L + 1))
+        fbsum[1:L + 1] = cs[None, :] - cs[:L, None]  # fbsum[s, t] = sum over s..t
+    else:
+        fl = np.zeros((1, 1), np.int64)
+        fbsum = np.zeros((1, 1))
+    cap_i = _NO_CAP if cap is None else np.int64(max(cap, -1))
+    rep_arr = rep if rep is not None else np.zeros((2, L + 2, L + 1), np.int64)
+    with _LAUNCH:
+        off, cnt, P, T, C = _solve_long(K, cap_i, windowed and cap is not None,
+                                        max(1, get_num_threads()), 256, status, rep_arr, fl, fbsum)
+    return LongFrontiers(c, cap, off, cnt, P, T, C, rep)
+
+
+def schedule_ops_long(fr: LongFrontiers, budget: int) -> list[tuple]:
+    """Compute ops (no drops) of the fastest schedule within `budget` bytes of an upper (or exact)
+    run; ValueError when none fits."""
+    c = fr.costs
+    return build_ops(c.L, c.x, c.s, budget, fr.choice, unit="bytes")
