@@ -63,7 +63,7 @@ _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 # strategy names, as planner.STRATEGIES registers them (tests/planner/test_request.py checks both)
 STRATEGY_NAMES = ("store-all", "uniform", "sqrt", "heuristic", "optimal")
 StrategyName = Literal["store-all", "uniform", "sqrt", "heuristic", "optimal"]
-OPTIMAL_MODES = ("auto", "exact", "slotted", "grouped")
+OPTIMAL_MODES = ("auto", "exact", "memo", "banded", "slotted", "grouped")  # optimal.MODES
 
 # each field's valid values in words, for messages that say how to fix the input
 _EXPECT = {
@@ -147,9 +147,11 @@ class OptimalOptions(_Options):
         "120 without",
     )
     groups: int = Field(default=150, ge=1, le=2000, description="macro stages in grouped mode")
-    mode: Literal["auto", "exact", "slotted", "grouped"] = Field(
-        default="auto", description="auto (exact, grouped above exact_max_stages), exact, grouped "
-        "or slotted (rotor's memory slots with a certified bound)",
+    mode: Literal["auto", "exact", "memo", "banded", "slotted", "grouped"] = Field(
+        default="auto", description="auto (exact up to exact_max_stages; above, memo where "
+        "sub-chains repeat, else banded with a budget and grouped without), exact, memo (exact, "
+        "memoised by content), banded (certified bound), grouped or slotted (rotor's memory "
+        "slots with a certified bound)",
     )
     slots: int = Field(default=500, ge=8, le=10_000, description="slotted mode: memory slots")
     max_gap: float = Field(
@@ -347,9 +349,13 @@ def frontier_request(**fields: Any) -> FrontierRequest:
 # without one (frontiers are uncapped); the slotted DP tabulates every sub-chain at every slot count,
 # m^3 x slots numpy element steps (about 64 to one DP step) and 2 x m^2 x slots x 10 bytes of
 # tables; the baselines replay O(L) schedules of O(L) ops (uniform without k, heuristic, the
-# frontier's), ~L^2 steps of Python (about 8 DP steps each). `steps` compares requests, it is not a
+# frontier's), ~L^2 steps of Python (about 8 DP steps each). Long chains with a budget (NOTE
+# [ long chains and the certificate ] in planner/optimal.py): the banded DP ~L x 160^2 (bands
+# doubled from 16 stages while the gap is large; on the loaded two-core test machine 1,000 stages
+# took 59 s where the exact DP at 200 took 18 s), the memoised one ~8 x L^2. `steps` compares requests, it is not a
 # time: on two cores one step is about 0.1-2 us.
 _UNCAPPED = 8
+_BAND = 160
 _SLOT_STEP = 64
 _PY_STEP = 8
 
@@ -364,27 +370,30 @@ class Work:
     driver: str
 
 
-def _dp_stages(n: int, opts: Any, capped: bool) -> tuple[int, str]:
+def _dp_stages(n: int, opts: Any, capped: bool) -> tuple[int, str, str]:
+    """(stages the DP solves, the field that sets them, the mode that runs)."""
     mode = getattr(opts, "mode", "auto")
     groups = getattr(opts, "groups", 150)
     exact_max = getattr(opts, "exact_max_stages", None)
-    if mode == "exact":
-        return n, "profile.layers"
+    if mode in ("exact", "memo", "banded"):
+        return n, "profile.layers", mode
     if mode == "grouped":
-        return min(groups, n), "options.groups"
+        return min(groups, n), "options.groups", mode
     if exact_max is None:
         exact_max = 200 if capped else 120
     if n > exact_max:
-        return min(groups, n), "options.groups"
-    return n, "options.exact_max_stages" if "exact_max_stages" in opts.model_fields_set \
-        else "profile.layers"
+        # with a budget, long chains are solved whole (memo or banded); without, grouped
+        return (n, "profile.layers", "banded") if capped else (min(groups, n), "options.groups",
+                                                               "grouped")
+    return n, ("options.exact_max_stages" if "exact_max_stages" in opts.model_fields_set
+               else "profile.layers"), "exact"
 
 
 def estimate_work(request: PlanRequest | FrontierRequest) -> Work:
     """The work `request` may do (NOTE [ work estimate ]): a `Work` of DP steps and table bytes."""
     n = request.profile.n_stages
     if isinstance(request, FrontierRequest):
-        m, driver = _dp_stages(n, request.options, capped=False)
+        m, driver, _ = _dp_stages(n, request.options, capped=False)
         steps = _UNCAPPED * m**3 + _PY_STEP * n * n
         return Work(float(steps), 48.0 * m * m, driver)
     opts = request.options
@@ -402,8 +411,13 @@ def estimate_work(request: PlanRequest | FrontierRequest) -> Work:
         return Work(n**3 * s / _SLOT_STEP, 20.0 * (n + 2) * (n + 1) * (s + 1), "options.slots")
     stored = request.checkpoint_dtype.strip().lower() != "compute"
     capped = budgeted and opts.max_overhead is None and not stored
-    m, driver = _dp_stages(n, opts, capped)
-    steps = (1 if capped else _UNCAPPED) * m**3
+    m, driver, mode = _dp_stages(n, opts, capped)
+    if mode == "banded":  # bands of up to ~160 stages: L x width^2 splits
+        steps = _BAND**2 * n
+    elif mode == "memo":  # O(L) distinct sub-problems of O(L) splits each
+        steps = (1 if capped else _UNCAPPED) * _UNCAPPED * n * n
+    else:
+        steps = (1 if capped else _UNCAPPED) * m**3
     if stored or not capped:
         steps += _PY_STEP * n * n  # walking the frontier's points, replaying each
     return Work(float(steps), 48.0 * m * m, driver)

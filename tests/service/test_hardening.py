@@ -92,7 +92,8 @@ def test_a_budget_at_the_ceiling_plans(client):
     (30, {"max_gap": 1e9}, "body.options.max_gap"),
     # within the bounds, but the work estimate is over the server's limit
     (1500, {"exact_max_stages": 2000, "groups": 2000}, "body.options.exact_max_stages"),
-    (1500, {"groups": 2000}, "body.options.groups"),
+    (1500, {"mode": "grouped", "groups": 2000}, "body.options.groups"),
+    (3000, {}, "body.profile.layers"),  # a long chain's banded DP (with a budget)
     (1500, {"mode": "exact"}, "body.profile.layers"),
     (600, {"mode": "slotted", "slots": 10_000}, "body.options.slots"),
 ])
