@@ -421,6 +421,32 @@ def test_a_runs_measured_timeline_over_the_predicted_one(serve, browser, tmp_pat
     assert b.errors() == []
 
 
+def test_every_control_is_named_and_reached_by_keyboard(serve, browser):
+    b = browser
+    open_page(b, serve.url)
+    b.js("(() => { const s = document.querySelector('#example'); s.value = 'resnet_like';"
+         " s.dispatchEvent(new Event('change')); })()")
+    b.wait("Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the example's plan", timeout_s=120)
+    b.send("Accessibility.enable")
+    nodes = [n for n in b.send("Accessibility.getFullAXTree")["nodes"] if not n.get("ignored")]
+    roles = ("textbox", "combobox", "slider", "button", "spinbutton", "checkbox", "image", "table")
+    controls = [n for n in nodes if n.get("role", {}).get("value") in roles]
+    unnamed = [(n["role"]["value"], n.get("backendDOMNodeId")) for n in controls
+               if not str(n.get("name", {}).get("value", "")).strip()]
+    assert len(controls) >= 20 and unnamed == []
+    charts = {n["name"]["value"] for n in controls if n["role"]["value"] == "image"}
+    assert any(c.startswith("3. Memory timeline op ") for c in charts), charts  # its name says the op
+    assert any(c.startswith("4. Memory-time frontier") and "Pareto points" in c for c in charts), charts
+    # Tab walks every control of the page, the charts included
+    seen = []
+    for _ in range(40):
+        b.key("Tab", vk=9)
+        seen.append(b.js("document.activeElement.id || document.activeElement.tagName"))
+    assert {"example", "upload", "budget-range", "budget-text", "strategy", "run-timeline", "timeline-chart",
+            "sz-compute", "sz-law", "run-layers", "jobs-refresh"} <= set(seen), seen
+    assert b.errors() == []
+
+
 def test_analytic_profile_from_a_hugging_face_config(serve, browser):
     b = browser
     open_page(b, serve.url)
