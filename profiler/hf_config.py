@@ -1,0 +1,452 @@
+"""Hugging Face decoder configs read without transformers: shapes and parameter counts.
+
+`decoder_shape(config)` reads a local `config.json` (a path, JSON text or a dict) into a
+`DecoderShape`: the fields every count below needs, named once, for the families memplan knows:
+
+    llama-style   llama, mistral, qwen2, qwen3, gemma, gemma2 (RMSNorm, SwiGLU/GeGLU MLP,
+                  rotary positions, grouped-query attention, tied or untied embeddings)
+    mixtral       sparse MoE MLP: a router C x E and E SwiGLU experts, top-k
+    qwen2_moe     sparse MoE MLP plus one shared SwiGLU expert and its sigmoid gate (C x 1);
+                  dense layers where `mlp_only_layers` or `decoder_sparse_step` say so
+    gpt2          learned positions, LayerNorm with biases, Conv1D projections, tied head
+    gpt_neox      rotary, LayerNorm with biases, fused QKV, untied head unless tied
+
+`param_counts(shape)` counts parameters per stage (embedding, each decoder layer, final norm +
+head) from the shapes alone, as transformers builds the modules (rotary tables and masks are
+buffers, not parameters). Checked equal to the published counts and to transformers' own models
+built on the meta device (tests/profiler/test_hf_config.py). No torch, no transformers here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memplan.profiler.schema import ProfileError
+
+__all__ = ["DecoderShape", "ParamCounts", "decoder_shape", "param_counts", "n_params", "FAMILIES",
+           "hf_analytic_profile"]
+
+# model_type -> the family whose layer layout it has
+FAMILIES: dict[str, str] = {
+    "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "gemma": "llama",
+    "gemma2": "llama", "mixtral": "mixtral", "qwen2_moe": "qwen2_moe", "gpt2": "gpt2",
+    "gpt_neox": "gpt_neox",
+}
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """The shapes of a decoder-only LM, in the config's own terms (sizes in elements)."""
+
+    model_type: str  # the config's model_type, e.g. "llama"
+    family: str  # llama (dense llama-style), mixtral, qwen2_moe, gpt2 or gpt_neox
+    vocab_size: int  # V: embedding rows
+    hidden_size: int  # C: the residual stream's width
+    n_layer: int  # L: decoder layers
+    n_head: int  # H: query heads
+    n_kv_head: int  # KV: key/value heads (grouped-query attention; = H for multi-head)
+    head_dim: int  # one head's width (hidden_size // n_head unless the config sets it)
+    intermediate_size: int  # F: the dense MLP's hidden width
+    tie_embeddings: bool  # the head reuses the embedding matrix
+    qkv_bias: bool = False  # biases on q, k, v projections (Qwen2: True)
+    o_bias: bool = False  # bias on the attention's output projection
+    mlp_bias: bool = False  # biases on the MLP's projections
+    norm: str = "rms"  # "rms" (weight only) or "layer" (weight and bias)
+    norms_per_layer: int = 2  # gemma2: 4 (pre and post attention and feed-forward)
+    qk_norm: bool = False  # qwen3: RMSNorm of each head's q and k (weight head_dim each)
+    max_positions: int = 0  # gpt2: rows of the learned position table
+    n_experts: int = 0  # E: experts per MoE layer (0: dense)
+    top_k: int = 0  # experts per token
+    expert_intermediate_size: int = 0  # each expert's hidden width
+    shared_expert_intermediate_size: int = 0  # qwen2_moe: the shared expert's hidden width
+    moe_layers: tuple[bool, ...] = ()  # per layer: sparse MoE (True) or dense MLP
+    sliding_window: int | None = None  # attention window in tokens (None: full causal)
+    rope_theta: float | None = None  # rotary base (reports only)
+    extra: dict[str, Any] = field(default_factory=dict)  # fields read for reports
+
+    def as_dict(self) -> dict[str, Any]:
+        """The shape as a JSON-able dict."""
+        d = asdict(self)
+        d["moe_layers"] = list(self.moe_layers)
+        return d
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters (elements) per stage of the chain embedding, layers, head."""
+
+    embed: int  # token (and gpt2: position) embeddings
+    layers: tuple[int, ...]  # each decoder layer
+    head: int  # final norm and the LM head (0 rows when tied)
+    tensors: int  # parameter tensors (AdamW keeps a step counter for each)
+    active: int  # parameters a token passes through (MoE: top_k experts, not all)
+
+    @property
+    def total(self) -> int:
+        """All parameters (elements)."""
+        return self.embed + sum(self.layers) + self.head
+
+
+def _load(config: str | Path | dict) -> dict:
+    if isinstance(config, dict):
+        return config
+    text = None
+    if isinstance(config, Path) or (isinstance(config, str) and not config.lstrip().startswith("{")):
+        path = Path(config)
+        if not path.exists():
+            raise ProfileError(f"config: no such file {str(path)!r}; give a Hugging Face config.json")
+        text = path.read_text()
+    else:
+        text = config
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProfileError(f"config: not valid JSON (line {err.lineno}, column {err.colno}: "
+                           f"{err.msg})") from None
+    if not isinstance(data, dict):
+        raise ProfileError("config: expected a JSON object (a Hugging Face config.json)")
+    return data
+
+
+def _int(cfg: dict, key: str, *, default: int | None = None, low: int = 1) -> int:
+    value = cfg.get(key, default)
+    if value is None:
+        raise ProfileError(f"config.{key}: missing; a Hugging Face config of this model_type has it")
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ProfileError(f"config.{key}: expected an integer >= {low}, got {value!r}")
+    return value
+
+
+def decoder_shape(config: str | Path | dict) -> DecoderShape:
+    """The `DecoderShape` of a Hugging Face config (a path to config.json, its JSON text or a dict).
+
+    Returns the shape; raises `ProfileError` naming the field for a model_type memplan does not
+    know or a missing or malformed field. Defaults are transformers' own where the config may omit
+    a field (e.g. num_key_value_heads = num_attention_heads)."""
+    cfg = _load(config)
+    mt = cfg.get("model_type")
+    if mt not in FAMILIES:
+        raise ProfileError(f"config.model_type: {mt!r} is not a decoder memplan knows; choose a config "
+                           f"of {', '.join(FAMILIES)}")
+    fam = FAMILIES[mt]
+    if fam == "gpt2":
+        C = _int(cfg, "n_embd")
+        H = _int(cfg, "n_head")
+        if C % H:
+            raise ProfileError(f"config.n_head: n_embd ({C}) must be divisible by n_head ({H})")
+        return DecoderShape(
+            model_type=mt, family=fam, vocab_size=_int(cfg, "vocab_size"), hidden_size=C,
+            n_layer=_int(cfg, "n_layer"), n_head=H, n_kv_head=H, head_dim=C // H,
+            intermediate_size=cfg.get("n_inner") or 4 * C, tie_embeddings=cfg.get("tie_word_embeddings", True),
+            qkv_bias=True, o_bias=True, mlp_bias=True, norm="layer",
+            max_positions=_int(cfg, "n_positions", default=1024))
+    C = _int(cfg, "hidden_size")
+    H = _int(cfg, "num_attention_heads")
+    L = _int(cfg, "num_hidden_layers")
+    KV = _int(cfg, "num_key_value_heads", default=H)
+    if H % KV:
+        raise ProfileError(f"config.num_key_value_heads: {KV} must divide num_attention_heads ({H})")
+    hd = cfg.get("head_dim")
+    if hd is None:
+        if C % H:
+            raise ProfileError(f"config.num_attention_heads: hidden_size ({C}) must be divisible by "
+                               f"num_attention_heads ({H}), or set head_dim")
+        hd = C // H
+    hd = _int({"head_dim": hd}, "head_dim")
+    V = _int(cfg, "vocab_size")
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    common = dict(model_type=mt, family=fam, vocab_size=V, hidden_size=C, n_layer=L, n_head=H,
+                  n_kv_head=KV, head_dim=hd, rope_theta=cfg.get("rope_theta"),
+                  sliding_window=window if isinstance(window, int) else None)
+    if fam == "gpt_neox":
+        if C % H:
+            raise ProfileError(f"config.num_attention_heads: hidden_size ({C}) must be divisible by "
+                               f"num_attention_heads ({H})")
+        return DecoderShape(**{**common, "n_kv_head": H, "head_dim": C // H},
+                            intermediate_size=_int(cfg, "intermediate_size"),
+                            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                            qkv_bias=bool(cfg.get("attention_bias", True)),
+                            o_bias=bool(cfg.get("attention_bias", True)), mlp_bias=True, norm="layer")
+    tie_default = mt in ("gemma", "gemma2")
+    tie = bool(cfg.get("tie_word_embeddings", tie_default))
+    attn_bias = bool(cfg.get("attention_bias", False))
+    base = dict(common, tie_embeddings=tie,
+                qkv_bias=True if mt in ("qwen2", "qwen2_moe") else attn_bias,
+                o_bias=False if mt in ("qwen2", "qwen2_moe") else attn_bias,
+                mlp_bias=bool(cfg.get("mlp_bias", False)),
+                norms_per_layer=4 if mt == "gemma2" else 2, qk_norm=mt == "qwen3")
+    if fam == "llama":
+        return DecoderShape(**base, intermediate_size=_int(cfg, "intermediate_size"))
+    if fam == "mixtral":
+        E = _int(cfg, "num_local_experts")
+        k = _int(cfg, "num_experts_per_tok")
+        F = _int(cfg, "intermediate_size")
+        return DecoderShape(**base, intermediate_size=F, n_experts=E, top_k=k,
+                            expert_intermediate_size=F, moe_layers=(True,) * L)
+    # qwen2_moe: sparse layers by decoder_sparse_step and mlp_only_layers (transformers' rule)
+    E = _int(cfg, "num_experts")
+    k = _int(cfg, "num_experts_per_tok")
+    step = _int(cfg, "decoder_sparse_step", default=1)
+    dense_only = set(cfg.get("mlp_only_layers") or [])
+    moe = tuple((i not in dense_only) and (i + 1) % step == 0 for i in range(L))
+    return DecoderShape(**base, intermediate_size=_int(cfg, "intermediate_size"), n_experts=E,
+                        top_k=k, expert_intermediate_size=_int(cfg, "moe_intermediate_size"),
+                        shared_expert_intermediate_size=_int(cfg, "shared_expert_intermediate_size",
+                                                             low=0),
+                        moe_layers=moe)
+
+
+def _norm(shape: DecoderShape, width: int) -> tuple[int, int]:
+    """(parameters, tensors) of one norm over `width` channels."""
+    return (2 * width, 2) if shape.norm == "layer" else (width, 1)
+
+
+def _attention(s: DecoderShape) -> tuple[int, int]:
+    """(parameters, tensors) of one attention block."""
+    C, D, Dkv = s.hidden_size, s.n_head * s.head_dim, s.n_kv_head * s.head_dim
+    if s.family == "gpt_neox" or s.family == "gpt2":  # fused qkv C -> 3C, output C -> C
+        p = 3 * C * C + C * C + (3 * C if s.qkv_bias else 0) + (C if s.o_bias else 0)
+        return p, 2 + (1 if s.qkv_bias else 0) + (1 if s.o_bias else 0)
+    p = C * D + 2 * C * Dkv + D * C
+    t = 4
+    if s.qkv_bias:
+        p += D + 2 * Dkv
+        t += 3
+    if s.o_bias:
+        p += C
+        t += 1
+    if s.qk_norm:
+        p += 2 * s.head_dim
+        t += 2
+    return p, t
+
+
+def _gated(C: int, F: int, bias: bool) -> tuple[int, int]:
+    """(parameters, tensors) of a gated MLP: gate and up C -> F, down F -> C."""
+    return 3 * C * F + ((2 * F + C) if bias else 0), 3 + (3 if bias else 0)
+
+
+def _layer(s: DecoderShape, i: int) -> tuple[int, int, int]:
+    """(parameters, tensors, parameters a token uses) of decoder layer `i`."""
+    C = s.hidden_size
+    np_, nt = _norm(s, C)
+    p, t = s.norms_per_layer * np_, s.norms_per_layer * nt
+    ap, at = _attention(s)
+    p, t = p + ap, t + at
+    if s.family in ("gpt2", "gpt_neox"):  # plain MLP C -> F -> C with biases
+        F = s.intermediate_size
+        mp = 2 * C * F + F + C
+        return p + mp, t + 4, p + mp
+    if not (s.moe_layers and s.moe_layers[i]):
+        mp, mt = _gated(C, s.intermediate_size, s.mlp_bias)
+        return p + mp, t + mt, p + mp
+    E, k, Fe = s.n_experts, s.top_k, s.expert_intermediate_size
+    ep, _ = _gated(C, Fe, False)
+    router = C * E
+    # transformers 5 keeps all experts in two tensors (gate-up E x 2F x C, down E x C x F)
+    total, active, tensors = p + router + E * ep, p + router + k * ep, t + 1 + 2
+    if s.shared_expert_intermediate_size:
+        sp, st = _gated(C, s.shared_expert_intermediate_size, False)
+        total, active, tensors = total + sp + C, active + sp + C, tensors + st + 1  # + its gate C x 1
+    return total, tensors, active
+
+
+def param_counts(shape: DecoderShape | str | Path | dict) -> ParamCounts:
+    """Parameters per stage of the decoder `shape` (a DecoderShape or a config as for
+    `decoder_shape`): returns a `ParamCounts` (elements, not bytes)."""
+    s = shape if isinstance(shape, DecoderShape) else decoder_shape(shape)
+    C, V = s.hidden_size, s.vocab_size
+    embed, et = V * C, 1
+    if s.family == "gpt2":
+        embed, et = embed + s.max_positions * C, 2
+    layers = [_layer(s, i) for i in range(s.n_layer)]
+    np_, nt = _norm(s, C)
+    head, ht = np_ + (0 if s.tie_embeddings else V * C), nt + (0 if s.tie_embeddings else 1)
+    return ParamCounts(embed=embed, layers=tuple(p for p, _, _ in layers), head=head,
+                       tensors=et + sum(t for _, t, _ in layers) + ht,
+                       active=embed + sum(a for _, _, a in layers) + head)
+
+
+def n_params(config: DecoderShape | str | Path | dict) -> int:
+    """All parameters (elements) of the decoder a Hugging Face config describes."""
+    return param_counts(config).total
+
+
+# ---------------------------------------------------------------------------------------------
+# analytic profiles of Llama-style decoders and Mixtral
+
+# NOTE [ What autograd keeps in a Hugging Face decoder layer ]
+# Per stage of `memplan.profiler.cut.cut_decoder`, tensor by tensor, as transformers 5.x's
+# modules save them on the CPU (N = B T tokens, C width, H and KV heads of width hd, D = H hd,
+# Dkv = KV hd, F the MLP width, V the vocabulary; p the parameters' element size and the residual
+# stream's, c the compute element size: fp32 p = c = 4; bf16-mixed p = 4, c = 2 under autocast;
+# bf16 p = c = 2):
+#   RMSNorm        its fp32 input (pow's; the stage input for the first norm, the residual after
+#                  attention for the second: counted once, p = 4), rsqrt 4N, the normalised
+#                  x p NC (weight's mul); the output p NC (the projections' input, one storage).
+#                  bf16 params: the fp32 upcast 4NC is a fresh tensor. Under autocast the output
+#                  is not kept: each projection keeps its own 16-bit copy (3 c NC for q, k, v;
+#                  2 c NC for gate, up) and its weight's (c C D ...).
+#   rotary         cos and sin, p T hd each (made by the embedding stage, kept by each layer)
+#   attention      eager: q, the repeated k and v, c N D each; softmax's fp32 output 4 B H T^2
+#                  and (c = 2) its 16-bit copy c B H T^2; o_proj's input c N D.
+#                  sdpa (PyTorch's flash kernel): q c N D, k and v c N Dkv each (grouped-query:
+#                  not repeated), logsumexp 4 B H T, the output c N D (o_proj's input, a view)
+#   SwiGLU MLP     gate's output, silu's output, up's output, their product: 4 c N F
+#   MoE (Mixtral)  router softmax 4 N E, top-k indices 8 N k and values 4 N k, their sum 4 N,
+#                  token and expert indices 16 A (A = N k assignments), expert counts 4 E;
+#                  gathered tokens m A C, fused gate-up output 2 m A F, silu's output and the
+#                  product m A F each, routing weights 4 A, expert outputs m A C, scatter index
+#                  8 A (m = p: the experts' grouped matmuls run outside autocast on the CPU)
+#   embedding      the backbone's final norm applied to its output and discarded: rsqrt 4N and
+#                  the normalised x p NC (p = 2: plus the fp32 upcast 4NC)
+#   head           the final norm as above (the output kept by lm_head; autocast: its 16-bit
+#                  copy and the head weight's c V C), log-softmax's fp32 output 4 N V, the shifted
+#                  labels 8 N and the loss's weight 4
+# Checked equal to profile_chain on the real transformers layers for Llama, Qwen2 and Mixtral
+# (tests/profiler/test_hf_config.py). Transient bytes are estimates (no allocation trace of these
+# layers yet): forward p NC plus the larger of the MLP's 2 c N F and eager's 4 B H T^2 scores;
+# backward twice the layer's largest intermediates.
+
+_POLICY_BYTES = {"fp32": (4, 4), "bf16-mixed": (4, 2), "fp16-mixed": (4, 2), "bf16": (2, 2)}
+
+
+def _layer_saved(s: DecoderShape, i: int, B: int, T: int, p: int, c: int, attention: str) -> int:
+    N, C, H, hd = B * T, s.hidden_size, s.n_head, s.head_dim
+    D, Dkv = H * hd, s.n_kv_head * hd
+    mixed = p != c
+    upcast = 4 * N * C if p == 2 else 0
+    # first norm (its fp32 input is the stage input unless upcast), its output or copies
+    saved = upcast + 4 * N + p * N * C + (3 * c * N * C + c * (C * D + 2 * C * Dkv) if mixed else p * N * C)
+    saved += 2 * p * T * hd  # cos, sin
+    if attention == "eager":
+        saved += 3 * c * N * D + 4 * B * H * T * T + (c * B * H * T * T if c != 4 else 0) + c * N * D
+    else:
+        saved += c * N * D + 2 * c * N * Dkv + 4 * B * H * T + c * N * D
+    saved += c * D * C if mixed else 0  # o_proj's weight copy
+    # second norm: the residual after attention (fp32: itself; bf16 params: its upcast)
+    saved += 4 * N * C + 4 * N + p * N * C
+    moe = bool(s.moe_layers and s.moe_layers[i])
+    if not moe:
+        F = s.intermediate_size
+        saved += (2 * c * N * C + c * 3 * C * F) if mixed else p * N * C
+        return saved + 4 * c * N * F
+    if s.shared_expert_intermediate_size:
+        raise ProfileError("config.model_type: qwen2_moe's analytic profile is not derived yet "
+                           "(parameter counts are); measure it (memplan profile --hf-config without "
+                           "--analytic)")
+    E, k, F = s.n_experts, s.top_k, s.expert_intermediate_size
+    A, m = N * k, p
+    saved += (c * N * C + c * C * E) if mixed else p * N * C  # the router's input (and weight)
+    saved += 4 * N * E + 8 * N * k + 4 * N + 4 * N * k + 16 * A + 4 * E
+    saved += m * A * C + 2 * m * A * F + 2 * m * A * F + 4 * A + m * A * C + 8 * A
+    return saved
+
+
+def _layer_flops(s: DecoderShape, i: int, B: int, T: int) -> int:
+    N, C, H, hd = B * T, s.hidden_size, s.n_head, s.head_dim
+    D, Dkv = H * hd, s.n_kv_head * hd
+    flops = 2 * N * (2 * C * D + 2 * C * Dkv) + 2 * 2 * B * H * T * T * hd
+    if s.moe_layers and s.moe_layers[i]:
+        return flops + 2 * N * C * s.n_experts + 2 * N * s.top_k * 3 * C * s.expert_intermediate_size
+    return flops + 2 * N * 3 * C * s.intermediate_size
+
+
+def hf_analytic_profile(
+    config: DecoderShape | str | Path | dict,
+    *,
+    seq_len: int,
+    batch_size: int = 1,
+    precision: str = "fp32",
+    attention: str = "sdpa",
+    optimizer: str = "adamw",
+    flops_per_s: float = 1e12,
+    device: str = "cpu",
+    name: str | None = None,
+):
+    """The profile of a Hugging Face decoder cut by `cut_decoder` (embedding, each decoder layer,
+    final norm + head + loss) from its config alone, at `batch_size` sequences of `seq_len` tokens.
+
+    Returns a `Profile`: per stage output and saved bytes as NOTE [ What autograd keeps in a
+    Hugging Face decoder layer ] derives them (exact on the CPU for Llama-style layers and
+    Mixtral, eager or sdpa attention), forward FLOPs (matrix products, attention in full), times
+    from FLOPs at `flops_per_s` (backward twice the forward), transient bytes as stated estimates;
+    `input_bytes` the batch's input_ids and labels (int64); `fixed_bytes` the model states
+    `precision` keeps (weights, gradients, optimizer state; memplan.planner.precision) plus AdamW's
+    per-tensor step counters on the CPU. Raises `ProfileError` naming the field on bad input."""
+    s = config if isinstance(config, DecoderShape) else decoder_shape(config)
+    if s.family in ("gpt2", "gpt_neox"):
+        raise ProfileError(f"config.model_type: the analytic profile covers Llama-style decoders and "
+                           f"Mixtral, not {s.model_type} (parameter counts are); measure it "
+                           "(memplan profile --hf-config without --analytic)")
+    for field_, value in (("seq_len", seq_len), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ProfileError(f"{field_}: expected an integer >= 1, got {value!r}")
+    if precision not in _POLICY_BYTES:
+        raise ProfileError(f"precision: choose one of {', '.join(_POLICY_BYTES)}, not {precision!r}")
+    if attention not in ("sdpa", "eager", "flash"):
+        raise ProfileError(f"attention: choose sdpa (flash kernel) or eager, not {attention!r}")
+    attention = "sdpa" if attention == "flash" else attention
+    if optimizer not in ("adamw", "adam", "sgd", "sgd-momentum", "none"):
+        raise ProfileError(f"optimizer: choose adamw, adam, sgd, sgd-momentum or none, not {optimizer!r}")
+    if not flops_per_s > 0:
+        raise ProfileError(f"flops_per_s: must be > 0, got {flops_per_s}")
+    from memplan.profiler.precision import policy_dtypes, precision_meta
+    from memplan.profiler.schema import LayerProfile, Profile
+
+    p, c = _POLICY_BYTES[precision]
+    param_dtype, compute_dtype = policy_dtypes(precision)
+    B, T = batch_size, seq_len
+    N, C, V, H = B * T, s.hidden_size, s.vocab_size, s.n_head
+    counts = param_counts(s)
+    hidden = p * N * C
+
+    def stage(name_, kind, flops, out, saved, tf, tb, n):
+        f = flops / flops_per_s
+        return LayerProfile(name=name_, kind=kind, forward_s=f, backward_s=2 * f, output_bytes=out,
+                            saved_bytes=saved, forward_temp_bytes=tf, backward_temp_bytes=tb,
+                            param_bytes=p * n, flops=float(flops),
+                            output_dtype=param_dtype if kind != "head" else None)
+
+    embed_saved = (4 * N * C if p == 2 else 0) + 4 * N + p * N * C
+    layers = [stage("embed", "embed", 0, hidden, embed_saved, hidden + 4 * N * C, p * V * C, counts.embed)]
+    for i in range(s.n_layer):
+        F = (s.top_k * s.expert_intermediate_size if s.moe_layers and s.moe_layers[i]
+             else s.intermediate_size)
+        scores = 4 * B * H * T * T if attention == "eager" else 0
+        tf = hidden + max(2 * c * N * F, scores)
+        tb = 2 * (hidden + max(2 * c * N * F, 2 * scores))
+        layers.append(stage(f"block.{i}", "block", _layer_flops(s, i, B, T), hidden,
+                            _layer_saved(s, i, B, T, p, c, attention), tf, tb, counts.layers[i]))
+    mixed = p != c
+    head_saved = (4 * N * C if p == 2 else 0) + 4 * N + p * N * C
+    head_saved += (c * N * C + c * V * C) if mixed else p * N * C
+    head_saved += 4 * N * V + 8 * N + 4
+    layers.append(stage("head", "head", 2 * N * C * V, 4, head_saved, 4 * N * V + c * N * V,
+                        4 * N * V + c * N * V, counts.head))
+    from memplan.planner.precision import get_policy
+
+    pol = get_policy(precision)
+    n = counts.total
+    opt = {"adamw": n * pol.optimizer_bytes, "adam": n * pol.optimizer_bytes,
+           "sgd-momentum": n * pol.weight_bytes}.get(optimizer, 0)
+    if optimizer in ("adamw", "adam") and device.startswith("cpu"):
+        opt += 4 * counts.tensors  # AdamW's step counters: a 4-byte CPU tensor per parameter
+    fixed = {"param_bytes": n * pol.weight_bytes, "grad_bytes": n * pol.grad_bytes,
+             "optimizer_bytes": opt, "buffer_bytes": 0, "n_params": n,
+             "n_active_params": counts.active, "n_tensors": counts.tensors}
+    fixed["total_bytes"] = fixed["param_bytes"] + fixed["grad_bytes"] + opt
+    return Profile(
+        name=name or f"{s.model_type}-{s.n_layer}x{C}", device=device, dtype=compute_dtype,
+        input_bytes=16 * N, fixed_bytes=fixed["total_bytes"], layers=layers,
+        meta={"source": "memplan.profiler.hf_config.hf_analytic_profile",
+              "config": {"family": "hf", **s.as_dict(), "seq_len": T, "batch_size": B},
+              "flops_per_s": flops_per_s, "optimizer": optimizer, "attention_backend": attention,
+              "precision": precision_meta(precision, optimizer, param_dtype, compute_dtype),
+              "autocast_dtype": compute_dtype if mixed else None, "fixed": fixed,
+              "transients": "estimate (largest intermediates; no allocation trace of these layers)",
+              "exact": ["output_bytes", "saved_bytes", "param_bytes", "input_bytes"]},
+    )
