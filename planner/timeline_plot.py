@@ -17,8 +17,8 @@ ROLE_COLOURS = {"stored": "#0072B2", "checkpoint": "#009E73", "recomputed": "#D5
 def plot_timeline(timeline: PlanTimeline, path: str | Path) -> Path:
     """Draw `timeline` as a PNG at `path`. Returns the path written.
 
-    The y axis is activation memory (bytes above fixed memory, shown in MiB or GiB); the x axis
-    is the op index in the schedule."""
+    The y axis is activation memory (bytes above fixed memory, shown in KiB, MiB or GiB); the x
+    axis is the op index in the schedule. A path in a folder that does not exist: ValueError."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,6 +27,8 @@ def plot_timeline(timeline: PlanTimeline, path: str | Path) -> Path:
     from memplan.planner.units import format_bytes
 
     path = Path(path)
+    if not path.parent.is_dir():
+        raise ValueError(f"path: the folder {str(path.parent)!r} does not exist; create it or write elsewhere")
     top = max([timeline.peak_bytes, timeline.budget_bytes or 0, *(timeline.measured_bytes or [])])
     scale, unit = (2**30, "GiB") if top >= 2**30 else (2**20, "MiB") if top >= 2**20 else (2**10, "KiB")
     roles = {s.stage: s.role for s in timeline.stages}
