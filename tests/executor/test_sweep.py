@@ -15,6 +15,8 @@ from memplan.executor import sweep as sweep_mod  # noqa: E402
 from memplan.executor.report import ExecutorError  # noqa: E402
 from memplan.executor.sweep import SweepSpec, cells, run_sweep, sweep_cell  # noqa: E402
 
+from tests.conftest import one_off_bytes  # noqa: E402
+
 torch.set_num_threads(1)
 
 TINY = {"n_layer": 2, "n_embd": 32, "n_head": 4, "block_size": 32, "vocab_size": 64, "batch_size": 2,
@@ -29,7 +31,17 @@ GRID = {
     "precisions": ["fp32"],
     "steps": 2,
     "time_tolerance_pct": None,
+    # the runs are judged on their peaks in test_a_run_off_its_time_or_peak_is_not_ok; here the
+    # status may allow NOTE [ a one-off block ] (2.7% of these peaks), asserted apart below
+    "peak_tolerance_pct": 5.0,
 }
+# NOTE [ a one-off block ] in tests/conftest.py: one activation more or less, rarely
+ONE_OFF = one_off_bytes(batch_size=TINY["batch_size"], block_size=TINY["block_size"], n_embd=TINY["n_embd"])
+
+
+def close(got: int, want: int) -> bool:
+    """Within 0.1% (issue 26's bar), or off by exactly one activation (and a 4-byte scalar)."""
+    return abs(got - want) <= 1e-3 * want or abs(abs(got - want) - ONE_OFF) <= 4
 
 
 def test_every_cell_profiles_the_model_it_runs():
@@ -55,14 +67,15 @@ def test_analytic_and_measured_sweeps_agree_on_peaks():
         # each sweep predicts the peak its run measures within 0.1% (the analytic one assumed
         # flash for runs on the math path before: +13.9%)
         for c in (a, m):
-            assert c.feasible and abs(c.peak_error_pct) <= 0.1, (c.profile, c.index, c.peak_error_pct)
+            assert c.feasible and close(c.measured_peak_bytes, c.predicted_peak_bytes), (
+                c.profile, c.index, c.peak_error_pct)
             assert c.run_status == "ok", c.run_message
         # the schedules depend on the profiles' times (FLOPs at a rate, or measured); where both
         # chose the same one, they predict the same peak within 0.1%, and both runs measure it
         if a.checkpoints == m.checkpoints and a.predicted_time_s is not None:
             same += 1
-            assert abs(a.predicted_peak_bytes - m.predicted_peak_bytes) <= 1e-3 * m.predicted_peak_bytes
-            assert abs(a.measured_peak_bytes - m.measured_peak_bytes) <= 1e-3 * m.measured_peak_bytes
+            assert close(a.predicted_peak_bytes, m.predicted_peak_bytes)
+            assert close(a.measured_peak_bytes, m.measured_peak_bytes)
     assert same >= 4  # at least the cells without a budget: every stage kept, in both
     budgeted = [c for c in analytic.cells if c.budget_bytes]
     assert all(c.predicted_peak_bytes <= c.budget_bytes for c in budgeted)
@@ -82,7 +95,7 @@ def test_a_run_off_its_time_or_peak_is_not_ok():
     req = cells({**GRID, "models": GRID["models"][:1], "budgets_bytes": [None], "strategies": ["store-all"],
                  "profile": "analytic", "flops_per_s": 1e18, "time_tolerance_pct": 50.0})[0]
     cell = sweep_cell(req)
-    assert cell.ran and abs(cell.peak_error_pct) <= 0.1  # the peak is right
+    assert cell.ran and close(cell.measured_peak_bytes, cell.predicted_peak_bytes)  # the peak is right
     assert cell.run_status == "mismatch" and cell.run_message.startswith("time ")
     # the same cell without a rate: analytic times are not judged, and the run is ok
     ok = sweep_cell({**req, "flops_per_s": None})
