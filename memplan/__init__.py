@@ -7,6 +7,7 @@
     >>> memplan.frontier(prof).points                        # the memory-time trade-off
     >>> memplan.run_plan(stages, x, plan, prof)              # prove it: measured against predicted
     >>> memplan.size(compute_flops=5.76e23, law="epoch")       # compute-optimal sizing
+    >>> memplan.auto_checkpoint(model, batch, budget="2GiB")  # profile, plan, install in place
 
 The line's packages live under this one import root: `memplan.profiler`, `memplan.planner`,
 `memplan.executor`, `memplan.service`, `memplan.cli`. `import memplan` loads none of them (no torch):
@@ -29,6 +30,10 @@ _LAZY: dict[str, tuple[str, str]] = {
     "profile_chain": ("memplan.profiler.measure", "profile_chain"),
     "run_plan": ("memplan.executor.run", "run_plan"),
     "size": ("memplan.planner.scaling.size", "size"),
+    "auto_checkpoint": ("memplan.executor.apply", "auto_checkpoint"),
+    "install_plan": ("memplan.executor.apply", "install_plan"),
+    "remove_checkpoint": ("memplan.executor.apply", "remove_checkpoint"),
+    "measure_step": ("memplan.executor.apply", "measure_step"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -1,0 +1,1124 @@
+"""Your model, your training loop: profile a model through its own forward and loss, plan, and
+install the plan into the model in place.
+
+    >>> plan = memplan.auto_checkpoint(model, batch, budget="2GiB")   # profile, plan, install
+    >>> loss = model(**batch).loss; loss.backward(); opt.step()       # the user's loop, unchanged
+    >>> memplan.measure_step(model, batch)                            # measured against predicted
+    >>> memplan.remove_checkpoint(model)                              # the model as it was
+
+NOTE [ The model as a chain ]
+The chain is the model's forward cut at its repeated blocks (the largest run of same-type
+modules in an nn.ModuleList or nn.Sequential, or `blocks=`): stage 1 is everything the forward
+does before the first block (embeddings, masks, position embeddings: "prefix"), then one stage
+per block, and the last stage is everything after the last block through the loss ("head"). A
+model whose first block takes the batch itself has no prefix stage. The forward must call each
+block once, in order, each block taking the previous one's output (checked while profiling).
+
+NOTE [ Measured in context ]
+`profile_model` measures every stage inside the model's own store-all step (forward, loss,
+backward), split at the blocks by module hooks and, in the backward, by gradient hooks on the
+blocks' outputs (a stage's backward starts when the gradient of its output is complete):
+- x_i: the unique storages of the stage's output (the first floating tensor a block returns).
+- s_i: storages saved for the backward (saved-tensor hooks) while the stage ran, less parameters,
+  buffers, the batch, the stage's input and output and the other arguments the block was called
+  with (masks, rotary embeddings: the prefix made them). The prefix's s_1 is everything its
+  forward leaves allocated besides its output (those side values included: they live until the
+  step ends).
+- tf_i: the stage's forward peak above what it leaves; tb_i: its backward peak above its start,
+  less the new input gradient, with its output's gradient d_i held until the stage's backward
+  ends (the chain model's `B i` frees d_i at its end; the installation's `B i` of a no-grad stage
+  holds it, and autograd alone may free it earlier: a ResNet block's ReLU does); tf'_i and f'_i from a forward of the model under torch.no_grad()
+  split the same way; f_i, b_i, f'_i: medians of `repeats` passes timed at the same hooks.
+- fixed bytes: parameters, gradients, `optimizer` state, buffers, and the gradient of a weight
+  tied between two stages (pending through the backward, NOTE [ Parameters shared between
+  stages ] in profiler/measure.py).
+Memory by `memplan.profiler.memory.measure_memory` (exact on the CPU; the CUDA allocator's
+counters on a GPU). Parameter gradients are allocated for the measurement (as in every step after
+the first) and put back as they were, with buffers and the random streams.
+
+NOTE [ Installing a schedule ]
+The forward phase of the schedule (the ops before `loss`) runs each stage once, in order, as the
+model's forward calls them: a stage the schedule records (`R i`) runs as usual; a stage it only
+forwards (`F i`) runs under torch.no_grad() (entered by the installation's pre-hook, left by its
+post-hook), so it keeps nothing but its output, and a `_Rejoin` node joins that output to the
+graph. Outputs the schedule keeps past the forward (checkpoints) are held by the installation
+until their `drop`. The backward phase (the ops after `loss`) runs inside autograd's backward:
+when the gradient of stage i's output is complete (the `_Rejoin` node's backward, or a gradient
+hook on a recorded stage's output) the installation runs the schedule's ops up to `B i`: `F j`
+reruns stage j under no_grad from its kept input, `R j` reruns it recording from a detached alias
+of its input and keeps that alias and the output's autograd edge (as executor/runner.py's records
+do, so `drop j` frees a_j while the record lives), `drop j` releases a kept output; then `B i` of a
+no-grad stage is the backward through its record, whose input alias's gradient `_Rejoin` hands on.
+So every valid schedule, one-level or multi-level, runs as written, with the recomputations the
+plan chose and the replay's memory. The prefix is rerun by calling the model again and stopping at
+the first block. The executor's guards keep recomputes equal to the first forward (RNG, buffers,
+MoE decisions; NOTE [ The traps of recomputation ] in executor/guards.py); forward hooks are not
+filtered here (the installation's own are on the blocks). Autocast's state at a stage's first
+forward is restored for its recomputes. Installable: the last stage (the head and the loss) runs
+once, as a record (every strategy's plans do; `installable` says why a schedule is not).
+The installation is inactive where autograd records nothing (torch.no_grad(), evaluation) and
+while it recomputes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from memplan.executor.guards import StageGuards
+from memplan.executor.report import ExecutorError, InfeasiblePlanError, error_pct
+from memplan.planner.schema import Op, Plan
+from memplan.profiler.schema import LayerProfile, Profile
+from torch import nn
+from torch.autograd.graph import get_gradient_edge
+from torch.utils._pytree import tree_flatten
+
+__all__ = [
+    "auto_checkpoint",
+    "install_plan",
+    "remove_checkpoint",
+    "measure_step",
+    "profile_model",
+    "find_blocks",
+    "installable",
+    "StepMeasurement",
+    "InstallError",
+]
+
+log = logging.getLogger(__name__)
+
+
+class InstallError(ExecutorError):
+    """A plan or model that cannot be installed; the message names the field and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the batch, the call and the loss
+
+
+def _no_cache(model: nn.Module, kwargs: dict) -> dict:
+    """NOTE [ No KV cache in a training step ]: a Hugging Face model whose config says use_cache
+    keeps every layer's keys and values in a cache during a training forward too, and a
+    recomputed layer would append to it (and attend to it). As Hugging Face's own gradient
+    checkpointing does, a step with a plan installed (and its profile) runs with use_cache=False
+    unless the caller passes use_cache."""
+    if "use_cache" not in kwargs and getattr(getattr(model, "config", None), "use_cache", False):
+        return {**kwargs, "use_cache": False}
+    return kwargs
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    """The model called as a training loop calls it: a dict as keywords (NOTE [ No KV cache in a
+    training step ]), a tuple or list as positional arguments, anything else as the one argument."""
+    if isinstance(inputs, dict):
+        return model(**_no_cache(model, inputs))
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _split(batch: Any, loss_fn: Callable | None) -> tuple[Any, Any]:
+    """(model inputs, target): with `loss_fn` the batch is (inputs, target)."""
+    if loss_fn is None:
+        return batch, None
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise InstallError(
+            "example_batch: with loss_fn give (inputs, target): the model is called on inputs and "
+            f"the loss is loss_fn(output, target); got {type(batch).__name__}"
+        )
+    return batch[0], batch[1]
+
+
+def _loss_of(out: Any, target: Any, loss_fn: Callable | None) -> torch.Tensor:
+    """The scalar loss: loss_fn(output, target), else output.loss / output["loss"], else the
+    output itself when it is a scalar tensor."""
+    if loss_fn is not None:
+        loss = loss_fn(out, target)
+    elif getattr(out, "loss", None) is not None:
+        loss = out.loss
+    elif isinstance(out, dict) and out.get("loss") is not None:
+        loss = out["loss"]
+    else:
+        loss = out
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        raise InstallError(
+            "loss_fn: the model's output has no loss (no .loss, no 'loss' key, not a scalar "
+            "tensor); pass loss_fn=f, f(output, target) -> scalar, and a batch (inputs, target)"
+        )
+    return loss
+
+
+def _storages(values: Any) -> dict[int, int]:
+    """{data pointer: bytes} of the distinct non-empty storages of the tensors in `values`."""
+    flat, _ = tree_flatten(values)
+    out: dict[int, int] = {}
+    for t in flat:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            if st.nbytes():
+                out[st.data_ptr()] = st.nbytes()
+    return out
+
+
+def _hidden_of(out: Any) -> torch.Tensor | None:
+    """A block's output as the chain's value: the tensor, or the first tensor of a tuple/list."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return None
+
+
+def _hidden_in(args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, tuple[str, Any]]:
+    """A block's input hidden states and where they were: ("arg", 0) or ("kw", name)."""
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0], ("arg", 0)
+    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+        return kwargs["hidden_states"], ("kw", "hidden_states")
+    return None, ("arg", 0)
+
+
+def _with_hidden(args: tuple, kwargs: dict, where: tuple[str, Any], hidden: torch.Tensor):
+    if where[0] == "arg":
+        return (hidden, *args[1:]), kwargs
+    return args, {**kwargs, where[1]: hidden}
+
+
+# ---------------------------------------------------------------------------------------------
+# finding the blocks
+
+
+def find_blocks(model: nn.Module, blocks: str | Sequence[nn.Module] | None = None) -> tuple[str, list[nn.Module]]:
+    """The model's chain of repeated blocks: (a name for them, the blocks in order).
+
+    `blocks`: a dotted path to an nn.ModuleList or nn.Sequential ("model.layers"), a list of the
+    model's modules, or None: the longest run of consecutive same-type modules in any
+    nn.ModuleList or nn.Sequential of the model (the model itself included), as FSDP's and
+    torchtitan's wrap policies choose (ties: the first found). Raises `InstallError`."""
+    if isinstance(blocks, str):
+        try:
+            container = model.get_submodule(blocks)
+        except AttributeError:
+            raise InstallError(f"blocks: the model has no submodule {blocks!r}; give the dotted "
+                               "path of its list of blocks, e.g. 'model.layers'") from None
+        if not isinstance(container, (nn.ModuleList, nn.Sequential)) or len(container) == 0:
+            raise InstallError(f"blocks: {blocks!r} is a {type(container).__name__}, not a non-empty "
+                               "nn.ModuleList or nn.Sequential")
+        return blocks, list(container)
+    if blocks is not None:
+        mods = list(blocks)
+        ids = {id(m) for m in model.modules()}
+        if not mods or any(not isinstance(m, nn.Module) or id(m) not in ids for m in mods):
+            raise InstallError("blocks: give a dotted path or a non-empty list of the model's own modules")
+        return "blocks", mods
+    best: tuple[int, str, list[nn.Module]] = (0, "", [])
+    for name, mod in model.named_modules():
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential)):
+            continue
+        children = list(mod.named_children())
+        k = 0
+        while k < len(children):
+            j = k
+            while j + 1 < len(children) and type(children[j + 1][1]) is type(children[k][1]):
+                j += 1
+            run = [m for _, m in children[k : j + 1]]
+            if len(run) > best[0]:
+                prefix = f"{name}." if name else ""
+                label = f"{prefix}{children[k][0]}-{children[j][0]}" if j > k else f"{prefix}{children[k][0]}"
+                best = (len(run), label, run)
+            k = j + 1
+    if best[0] < 2:
+        raise InstallError("blocks: the model has no nn.ModuleList or nn.Sequential with two or more "
+                           "consecutive blocks of one type; name them with blocks='path.to.layers'")
+    return best[1], best[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# profiling through the model's own step
+
+
+class _Tap:
+    """Hooks on the model and its blocks for one instrumented pass: each stage boundary calls
+    `on_boundary(label)`; block inputs, outputs and arguments are recorded."""
+
+    def __init__(self, model: nn.Module, blocks: list[nn.Module]) -> None:
+        self.model, self.blocks = model, blocks
+        self.on_boundary: Callable[[str], None] = lambda label: None
+        self.inputs: list[Any] = [None] * len(blocks)
+        self.outputs: list[Any] = [None] * len(blocks)
+        self.args: list[Any] = [None] * len(blocks)
+        self.calls = 0
+        self.order_ok = True
+        self.grad_hooks = False
+        self.held: torch.Tensor | None = None
+        self.handles: list[Any] = []
+        for j, block in enumerate(blocks):
+            self.handles.append(block.register_forward_pre_hook(self._pre(j), with_kwargs=True))
+            self.handles.append(block.register_forward_hook(self._post(j)))
+
+    def _pre(self, j: int):
+        def hook(module, args, kwargs):
+            if j != self.calls:
+                self.order_ok = False
+            self.calls += 1
+            hidden, _ = _hidden_in(args, kwargs)
+            self.inputs[j] = hidden
+            self.args[j] = (args, kwargs)
+            self.on_boundary(f"F{j}")
+            if self.grad_hooks and j == 0 and hidden is not None and hidden.requires_grad:
+                hidden.register_hook(lambda g: self._grad("B-1", g))
+        return hook
+
+    def _post(self, j: int):
+        def hook(module, args, out):
+            hidden = _hidden_of(out)
+            self.outputs[j] = hidden
+            self.on_boundary(f"E{j}")
+            if self.grad_hooks and hidden is not None and hidden.requires_grad:
+                hidden.register_hook(lambda g: self._grad(f"B{j}", g))
+        return hook
+
+    def _grad(self, label: str, grad: torch.Tensor) -> None:
+        """A stage's backward starts: its output's gradient d_i is held until the next stage's
+        starts, as the installation's `B i` of a no-grad stage holds it (NOTE [ Measured in
+        context ])."""
+        self.held = None
+        self.on_boundary(label)
+        self.held = grad
+
+    def reset(self) -> None:
+        self.inputs = [None] * len(self.blocks)
+        self.outputs = [None] * len(self.blocks)
+        self.args = [None] * len(self.blocks)
+        self.calls = 0
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _state_kept(model: nn.Module, device: torch.device):
+    """Buffers, gradients and random streams as they were, after the block; parameter gradients
+    allocated (zeros) inside it."""
+    bufs = [(b, b.detach().clone()) for b in model.buffers()]
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in params]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        with torch.no_grad():
+            for b, saved in bufs:
+                b.copy_(saved)
+            for p, g in grads:
+                p.grad = g
+
+
+def _stage_labels(n_blocks: int, has_prefix: bool) -> tuple[list[str], list[str]]:
+    names = (["prefix"] if has_prefix else []) + [f"block.{j}" for j in range(n_blocks)] + ["head"]
+    kinds = (["embed"] if has_prefix else []) + ["block"] * n_blocks + ["head"]
+    return names, kinds
+
+
+def profile_model(
+    model: nn.Module,
+    example_batch: Any,
+    *,
+    blocks: str | Sequence[nn.Module] | None = None,
+    loss_fn: Callable | None = None,
+    optimizer: str = "adamw",
+    repeats: int = 3,
+    warmup: int = 1,
+    name: str | None = None,
+) -> Profile:
+    """Measure the model as a chain (NOTE [ The model as a chain ]) through its own forward and
+    loss on `example_batch` (NOTE [ Measured in context ]).
+
+    Returns a `Profile` (seconds, bytes; `meta["apply"]` records the blocks, the batch bytes and
+    whether there is a prefix stage). Raises `InstallError` when the blocks do not form a chain."""
+    from memplan.profiler.memory import measure_memory
+
+    try:
+        from memplan.profiler.fixed import optimizer_state_bytes
+    except ImportError:  # before the profiler's fixed-memory module was split out of measure.py
+        from memplan.profiler.measure import optimizer_state_bytes
+
+    if not isinstance(repeats, int) or repeats < 1:
+        raise InstallError(f"repeats: must be an integer >= 1, got {repeats!r}")
+    label, blist = find_blocks(model, blocks)
+    inputs, target = _split(example_batch, loss_fn)
+    dev = _device_of(model)
+    n = len(blist)
+    tap = _Tap(model, blist)
+    try:
+        with _state_kept(model, dev):
+            # 1. memory of one store-all step, and what each stage saves
+            owner: list[int | None] = [None]  # the stage running (index into the chain) in the forward
+            packs: dict[int, dict[int, int]] = {}
+
+            def pack(t: torch.Tensor):
+                if owner[0] is not None:
+                    st = t.untyped_storage()
+                    if st.nbytes():
+                        packs.setdefault(owner[0], {})[st.data_ptr()] = st.nbytes()
+                return t
+
+            with measure_memory(dev) as meter:
+                def boundary(lbl: str) -> None:
+                    meter.mark(lbl)
+                    if lbl.startswith("F"):
+                        owner[0] = int(lbl[1:]) + 1
+                    elif lbl.startswith("E"):
+                        owner[0] = n + 1 if int(lbl[1:]) == n - 1 else None
+                tap.on_boundary = boundary
+                tap.grad_hooks = True
+                owner[0] = 0
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    out = _call(model, inputs)
+                    loss = _loss_of(out, target, loss_fn)
+                meter.mark("loss")
+                owner[0] = None
+                loss.backward()
+                tap.held = None
+                del out, loss
+            if not tap.order_ok or tap.calls != n:
+                raise InstallError(
+                    f"blocks: the forward called the {n} blocks {tap.calls} times or out of order; "
+                    "auto_checkpoint needs each block called once, in order (name them with blocks=)"
+                )
+            hidden_in = tap.inputs
+            hidden_out = tap.outputs
+            for j in range(1, n):
+                if hidden_in[j] is None or hidden_out[j - 1] is None or (
+                        hidden_in[j].untyped_storage().data_ptr() != hidden_out[j - 1].untyped_storage().data_ptr()):
+                    raise InstallError(
+                        f"blocks: block {j} does not take block {j - 1}'s output (its first tensor) as "
+                        "its input; auto_checkpoint needs a chain of blocks (name them with blocks=)"
+                    )
+            batch_st = _storages(inputs) | _storages(target)
+            has_prefix = hidden_in[0] is None or hidden_in[0].untyped_storage().data_ptr() not in batch_st
+            fixed_st = _storages(list(model.parameters())) | _storages(list(model.buffers())) | _storages(
+                [p.grad for p in model.parameters()])
+            phases = meter.phases
+            mem_phases = {k: (v.start_bytes, v.peak_bytes, v.end_bytes) for k, v in phases.items()}
+            arg_st = [_storages(tap.args[j]) for j in range(n)]
+            x_block = [sum(_storages(hidden_out[j]).values()) for j in range(n)]
+            out_st = [_storages(hidden_out[j]) for j in range(n)]
+            in_st = [_storages(hidden_in[j]) for j in range(n)]
+            x_prefix = sum(_storages(hidden_in[0]).values()) if has_prefix else 0
+            del hidden_in, hidden_out
+            tap.reset()
+
+            # 2. the forward under torch.no_grad(), split the same way
+            tap.grad_hooks = False
+            with measure_memory(dev) as ng:
+                tap.on_boundary = ng.mark
+                with torch.no_grad():
+                    out = _call(model, inputs)
+                    _loss_of(out, target, loss_fn)
+                ng.mark("loss")
+                del out
+            ng_phases = {k: (v.start_bytes, v.peak_bytes, v.end_bytes) for k, v in ng.phases.items()}
+            tap.reset()
+
+            # 3. times: medians of store-all passes and no-grad forwards, marked at the same hooks
+            times: dict[str, list[float]] = {}
+            for r in range(warmup + repeats):
+                for grad in (True, False):
+                    marks: list[tuple[str, float]] = [("start", time.perf_counter())]
+                    tap.grad_hooks = grad
+                    tap.on_boundary = lambda lbl, marks=marks: marks.append((lbl, _now(dev)))
+                    with torch.set_grad_enabled(grad):
+                        out = _call(model, inputs)
+                        loss = _loss_of(out, target, loss_fn)
+                        marks.append(("loss", _now(dev)))
+                        if grad:
+                            loss.backward()
+                    marks.append(("end", _now(dev)))
+                    tap.held = None
+                    del out, loss
+                    tap.reset()
+                    if r >= warmup:
+                        for (a, t0), (_, t1) in zip(marks, marks[1:], strict=False):
+                            times.setdefault(("g" if grad else "n") + a, []).append(t1 - t0)
+    finally:
+        tap.remove()
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    L = n + 2 if has_prefix else n + 1
+    off = 1 if has_prefix else 0
+    names, kinds = _stage_labels(n, has_prefix)
+
+    def labels_of(i: int) -> tuple[str, str]:
+        """Stage i's (1-based) forward and backward phase labels (spans start at their label)."""
+        if has_prefix and i == 1:
+            return "start", "B-1"
+        if i == L:
+            return f"E{n - 1}", "loss"
+        j = i - 1 - off
+        return f"F{j}", f"B{j}"
+
+    layers = []
+    for i in range(1, L + 1):
+        fl, bl = labels_of(i)
+        s0, peak, end = mem_phases.get(fl, (0, 0, 0))
+        _, npeak, nend = ng_phases.get(fl, (0, 0, 0))
+        if has_prefix and i == 1:
+            out_b, in_b = x_prefix, 0
+            # what it saves, and the side values (masks, rotary tables) that blocks saved
+            side = {p: b for j in range(n) for p, b in packs.get(j + 1, {}).items()
+                    if p in arg_st[j] and p not in in_st[j]}
+            excl = fixed_st | batch_st | in_st[0]
+            saved = sum(b for p, b in (packs.get(0, {}) | side).items() if p not in excl)
+            saved = max(0, min(saved, end - s0 - out_b))
+        elif i == L:
+            out_b, in_b = 4, x_block[n - 1]  # the float32 loss
+            excl = fixed_st | batch_st | out_st[n - 1]
+            saved = sum(b for p, b in packs.get(n + 1, {}).items() if p not in excl)
+            saved = max(0, min(saved, end - s0))
+        else:
+            j = i - 1 - off
+            out_b = x_block[j]
+            in_b = x_block[j - 1] if j > 0 else x_prefix
+            excl = fixed_st | batch_st | arg_st[j] | out_st[j]
+            saved = sum(b for p, b in packs.get(j + 1, {}).items() if p not in excl)
+            saved = max(0, min(saved, end - s0 - out_b))
+        b0, bpeak, _ = mem_phases.get(bl, (0, 0, 0))
+        f_s = med.get("g" + fl, 0.0)
+        layers.append(LayerProfile(
+            name=names[i - 1], kind=kinds[i - 1],
+            forward_s=f_s, backward_s=med.get("g" + bl, 0.0),
+            forward_nograd_s=med.get("n" + fl, f_s),
+            output_bytes=out_b, saved_bytes=saved, forward_temp_bytes=max(0, peak - end),
+            forward_nograd_temp_bytes=max(0, npeak - nend),
+            backward_temp_bytes=max(0, bpeak - b0 - in_b),
+        ))
+    _param_bytes(model, blist, layers, has_prefix)
+    params = [p for p in model.parameters()]
+    fixed = (sum(p.numel() * p.element_size() for p in params)
+             + sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+             + optimizer_state_bytes(params, optimizer, dev)
+             + sum(b.numel() * b.element_size() for b in model.buffers())
+             + _tied_grad_bytes(model))
+    return Profile(
+        name=name or type(model).__name__, device=str(dev),
+        dtype=str(next((p.dtype for p in params if p.is_floating_point()), torch.float32)).removeprefix("torch."),
+        input_bytes=sum(batch_st.values()), fixed_bytes=fixed, layers=layers,
+        meta={"source": "memplan.executor.apply.profile_model (measured in the model's own step)",
+              "torch": torch.__version__, "optimizer": optimizer, "repeats": repeats,
+              "apply": {"blocks": label, "n_blocks": n, "prefix": has_prefix,
+                        "call_bytes": sum(_storages(inputs).values())}},
+    )
+
+
+def _now(dev: torch.device) -> float:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter()
+
+
+def _param_bytes(model, blist, layers, has_prefix) -> None:
+    """Each stage's parameter bytes (a tied weight belongs to the first stage that has it)."""
+    off = 1 if has_prefix else 0
+    block_ids: set[int] = set()
+    for j, block in enumerate(blist):
+        b = 0
+        for p in block.parameters():
+            if id(p) not in block_ids:
+                block_ids.add(id(p))
+                b += p.numel() * p.element_size()
+        layers[j + off].param_bytes = b
+    rest = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in block_ids)
+    (layers[0] if has_prefix else layers[-1]).param_bytes = rest
+
+
+def _tied_grad_bytes(model: nn.Module) -> int:
+    """Bytes of the gradients of weights the model uses under two names (tied embeddings): their
+    second contribution is held through the backward (NOTE [ Parameters shared between stages ])."""
+    count: dict[int, int] = {}
+    params: dict[int, nn.Parameter] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        count[id(p)] = count.get(id(p), 0) + 1
+        params[id(p)] = p
+    return sum(p.numel() * p.element_size() for k, p in params.items() if count[k] > 1 and p.requires_grad)
+
+
+# ---------------------------------------------------------------------------------------------
+# installing a plan
+
+
+def installable(plan: Plan | Sequence[Op], n_stages: int) -> str | None:
+    """None when the schedule can be installed into a model (NOTE [ Installing a schedule ]);
+    otherwise why not: its forward phase must run stages 1..L once each, in order, the last as a
+    record, and the backward phase must not run the last stage again."""
+    ops = [tuple(op) for op in (plan.ops() if isinstance(plan, Plan) else plan)]
+    if ("loss",) not in ops:
+        return "it has no ['loss'] op"
+    k = ops.index(("loss",))
+    fwd = [op for op in ops[:k] if op[0] in ("F", "R")]
+    if [op[1] for op in fwd] != list(range(1, n_stages + 1)):
+        return ("its forward phase does not run stages 1..L once each, in order (a model's forward "
+                "runs each of its blocks once)")
+    if fwd[-1][0] != "R":
+        return "it does not record the last stage (the head and the loss) in the forward"
+    if any(op[0] in ("F", "R") and op[1] == n_stages for op in ops[k + 1:]):
+        return "it runs the last stage (the head and the loss) again after the loss"
+    return None
+
+
+class _Stop(Exception):
+    """Raised at the first block's pre-hook to end a recompute of the prefix there."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        super().__init__("prefix recomputed")
+        self.hidden = hidden
+
+
+def _autocast_state() -> list[tuple[str, torch.dtype]]:
+    """The device types autocast is on for, with their dtypes."""
+    return [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+
+
+def _autocast(state: list[tuple[str, torch.dtype]]) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    for d, dtype in state:
+        stack.enter_context(torch.autocast(d, dtype=dtype))
+    return stack
+
+
+class _Rejoin(torch.autograd.Function):
+    """Joins the output of a stage forwarded under no_grad to the graph: its backward is the
+    stage's `B i`, run by the installation (NOTE [ Installing a schedule ])."""
+
+    @staticmethod
+    def forward(ctx, inst, step, i, x_in, dummy, out):
+        ctx.inst, ctx.step, ctx.i = inst, step, i
+        ctx.in_grad = x_in is not None and x_in.requires_grad
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        d = ctx.inst._backward_stage(ctx.step, ctx.i, grad)
+        return None, None, None, d if ctx.in_grad else None, None, None
+
+
+class _Holder(nn.Module):
+    """The modules of the prefix (the model's modules outside the blocks), for the guards."""
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        super().__init__()
+        self._mods = modules
+
+    def modules(self):  # type: ignore[override]
+        yield from self._mods
+
+
+@dataclass
+class _Step:
+    """One training step's state: the model's call, kept outputs, recomputed records."""
+
+    args: tuple
+    kwargs: dict
+    kept: dict[int, torch.Tensor] = field(default_factory=dict)  # stage -> a_i held for recomputes
+    recs: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # stage -> (input alias, edge)
+    inputs: dict[int, Any] = field(default_factory=dict)  # F stage -> its input, until its output
+    blocks: dict[int, tuple] = field(default_factory=dict)  # block -> (args, kwargs, where, rg, autocast)
+    autocast: dict[int, list] = field(default_factory=dict)  # stage -> autocast state at its forward
+    open: list[Any] = field(default_factory=list)  # context managers entered in the forward
+    cursor: int = 0
+    held: Any = None  # the gradient of the output of the stage whose backward runs
+    queued: bool = False
+    input_bytes: int = 0
+
+
+class _Installation:
+    """A plan installed in a model by hooks (NOTE [ Installing a schedule ])."""
+
+    def __init__(self, model: nn.Module, blocks: list[nn.Module], has_prefix: bool, plan: Plan,
+                 profile: Profile | None) -> None:
+        from memplan.executor.runner import forward_counts
+
+        self.model, self.blocks, self.has_prefix = model, blocks, has_prefix
+        self.off = 1 if has_prefix else 0
+        self.L = len(blocks) + 1 + self.off
+        self.plan, self.profile = plan, profile
+        ops = plan.ops()
+        reason = installable(ops, self.L)
+        if reason is not None:
+            raise InstallError(f"plan.schedule: the {plan.strategy} plan cannot be installed: {reason}; "
+                               "plan with strategy='optimal' (its plans always can)")
+        k = ops.index(("loss",))
+        self.kind = {op[1]: op[0] for op in ops[:k] if op[0] in ("F", "R")}
+        dropped = {op[1] for op in ops[:k] if op[0] == "drop"}
+        self.keep = {i for i in range(1, self.L) if i not in dropped}
+        self.bops = ops[k + 1:]
+        self.counts = forward_counts(ops, self.L)
+        inside = {id(m) for b in blocks for m in b.modules()}
+        prefix = _Holder([m for m in model.modules() if id(m) not in inside])
+        stages: list[nn.Module] = ([prefix] if has_prefix else []) + list(blocks) + [nn.Module()]
+        self.device = _device_of(model)
+        # forward hooks are not filtered (NOTE [ Installing a schedule ]): the installation's own
+        # hooks are on the blocks
+        self.guards = StageGuards(stages, self.counts, device=self.device,
+                                  enabled=("rng", "buffers", "decisions"))
+        self.step: _Step | None = None
+        # an input that requires grad, so that a no-grad stage's _Rejoin output always does
+        self._dummy = torch.empty(0, device=self.device, requires_grad=True)
+        self.busy = False
+        self.stopping = False
+        self.warned_shape = False
+        self.handles = [model.register_forward_pre_hook(self._model_pre, with_kwargs=True)]
+        for j, block in enumerate(blocks):
+            self.handles.append(block.register_forward_pre_hook(self._block_pre(j), with_kwargs=True))
+            self.handles.append(block.register_forward_hook(self._block_post(j)))
+
+    # -- the forward phase ----------------------------------------------------------------------
+
+    def _active(self) -> bool:
+        return not self.busy and self.step is not None and (torch.is_grad_enabled() or bool(self.step.open))
+
+    def _enter(self, i: int) -> None:
+        step = self.step
+        assert step is not None
+        step.autocast[i] = _autocast_state()
+        cm = self.guards.forward(i)
+        cm.__enter__()
+        step.open.append(cm)
+        if self.kind[i] == "F":
+            cm = torch.no_grad()
+            cm.__enter__()
+            step.open.append(cm)
+
+    def _exit(self) -> None:
+        step = self.step
+        assert step is not None
+        while step.open:
+            step.open.pop().__exit__(None, None, None)
+
+    def _model_pre(self, module, args, kwargs):
+        if self.busy or not torch.is_grad_enabled():
+            return None
+        if self.step is not None and self.step.open:
+            self._exit()
+        new = _no_cache(module, kwargs)
+        self.step = _Step(args=args, kwargs=new)
+        self._check_shape(args, kwargs)
+        self.guards.prepare()
+        if self.has_prefix:
+            self._enter(1)
+        return (args, new) if new is not kwargs else None
+
+    def _check_shape(self, args, kwargs) -> None:
+        if self.profile is None or self.warned_shape:
+            return
+        got = sum(_storages((args, kwargs)).values())
+        want = self.profile.meta.get("apply", {}).get("call_bytes")
+        if want is not None and got != want:
+            self.warned_shape = True
+            log.warning("memplan: this batch has %d bytes, the profiled one %d: the plan runs (same "
+                        "gradients) but its peak will not be the predicted %d bytes; re-plan with "
+                        "auto_checkpoint on a batch of this shape", got, want,
+                        self.plan.predicted.peak_bytes if self.plan.predicted else 0)
+
+    def _block_pre(self, j: int):
+        def hook(module, args, kwargs):
+            if self.stopping and j == 0:
+                hidden, _ = _hidden_in(args, kwargs)
+                raise _Stop(hidden)
+            if not self._active():
+                return None
+            step = self.step
+            s = j + 1 + self.off
+            hidden, where = _hidden_in(args, kwargs)
+            replaced = None
+            if j == 0 and self.has_prefix:
+                self._exit()
+                if hidden is not None:
+                    new = self._output(1, hidden, None)
+                    if new is not hidden:
+                        replaced = _with_hidden(args, kwargs, where, new)
+                        hidden = new
+            # the block's other arguments, the hidden states left out (holding them would pin a_{s-1})
+            keep_in = j == 0 and not self.has_prefix  # a_0, the batch: the caller holds it anyway
+            bare = _with_hidden(args, kwargs, where, hidden if keep_in else None)
+            rg = bool(hidden is not None and hidden.requires_grad)
+            step.blocks[j] = (bare[0], bare[1], where, rg)
+            step.inputs[s] = hidden if self.kind[s] == "F" else None
+            if keep_in and hidden is not None:
+                step.kept[0] = hidden
+            self._enter(s)
+            return replaced
+        return hook
+
+    def _block_post(self, j: int):
+        def hook(module, args, out):
+            if not self._active():
+                return None
+            self._exit()
+            s = j + 1 + self.off
+            hidden = _hidden_of(out)
+            x_in = self.step.inputs.pop(s, None)
+            if hidden is None:
+                return None
+            new = self._output(s, hidden, x_in)
+            if new is hidden:
+                return None
+            return new if isinstance(out, torch.Tensor) else type(out)((new, *out[1:]))
+        return hook
+
+    def _output(self, i: int, hidden: torch.Tensor, x_in: torch.Tensor | None) -> torch.Tensor:
+        """Stage i's output in the forward: kept if the schedule keeps it; an `F` stage's (computed
+        under no_grad) is joined to the graph by a `_Rejoin` node whose backward runs `B i`; a
+        recorded stage's output gets a gradient hook that runs the ops before `B i`."""
+        step = self.step
+        assert step is not None
+        if i in self.keep:
+            step.kept[i] = hidden.detach()
+        if self.kind[i] == "F":
+            return _Rejoin.apply(self, step, i, x_in, self._dummy, hidden)
+        if hidden.requires_grad:
+            hidden.register_hook(self._trigger(i))
+        return hidden
+
+    # -- the backward phase ---------------------------------------------------------------------
+
+    def _queue_end(self, step: _Step) -> None:
+        if not step.queued:
+            step.queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: self._end(step))
+
+    def _trigger(self, i: int):
+        step = self.step
+
+        def hook(grad):
+            if step is not self.step:
+                return None
+            step.held = None
+            self._queue_end(step)
+            self._run_until(step, i)
+            # d_i lives until B i ends, as the chain model (and a no-grad stage's B i) has it
+            step.held = grad
+            return None
+        return hook
+
+    def _backward_stage(self, step: _Step, i: int, grad: torch.Tensor) -> torch.Tensor | None:
+        """`B i` of a stage forwarded without a record: the ops before it (its `R i` among them),
+        then the backward through the recomputed record. Returns d_{i-1}."""
+        step.held = None
+        self._queue_end(step)
+        self._run_until(step, i)
+        rec = step.recs.pop(i, None)
+        if rec is None:
+            raise InstallError(f"plan.schedule: stage {i}'s backward has no record (no R {i} before B {i})")
+        inp, edge = rec
+        if edge is not None:
+            torch.autograd.backward([edge], [grad])
+        return inp.grad if inp is not None and inp.requires_grad else None
+
+    def _run_until(self, step: _Step, i: int) -> None:
+        """Run the schedule's ops after `loss` up to `B i` (the B ops of autograd are passed)."""
+        while step.cursor < len(self.bops):
+            op = self.bops[step.cursor]
+            step.cursor += 1
+            if op[0] == "B":
+                if op[1] == i:
+                    return
+            elif op[0] == "drop":
+                step.kept.pop(op[1], None)
+            else:
+                self._recompute(step, op[0], op[1])
+
+    def _recompute(self, step: _Step, kind: str, i: int) -> None:
+        record = kind == "R"
+        grad_ctx = torch.enable_grad() if record else torch.no_grad()
+        inp = None
+        self.busy = True
+        try:
+            with self.guards.forward(i), _autocast(step.autocast.get(i, [])), grad_ctx:
+                if self.has_prefix and i == 1:
+                    self.stopping = True
+                    try:
+                        self.model(*step.args, **step.kwargs)
+                        raise InstallError("blocks: the forward did not reach the first block again")
+                    except _Stop as stop:
+                        out = stop.hidden
+                    finally:
+                        self.stopping = False
+                else:
+                    j = i - 1 - self.off
+                    args, kwargs, where, rg = step.blocks[j]
+                    a_in = step.kept.get(i - 1)
+                    if a_in is None:
+                        raise InstallError(f"plan.schedule: stage {i}'s input a_{i - 1} is not kept")
+                    x = a_in.detach().requires_grad_(rg) if record else a_in
+                    inp = x if record else None
+                    a, kw = _with_hidden(args, kwargs, where, x)
+                    out = _hidden_of(self.blocks[j](*a, **kw))
+        finally:
+            self.busy = False
+        step.kept[i] = out.detach()
+        if record:
+            # the record keeps the input alias and the output's autograd edge, not the output:
+            # `drop i` frees a_i while the record lives (as in executor/runner.py)
+            step.recs[i] = (inp, get_gradient_edge(out) if out.requires_grad else None)
+        del out
+
+    def _end(self, step: _Step) -> None:
+        """End of the backward: the random streams where the unplanned step leaves them, and
+        nothing the step kept."""
+        self.guards.flush()
+        if self.step is step:
+            self.step = None
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        if self.step is not None and self.step.open:
+            self._exit()
+        self.step = None
+
+
+_INSTALLED: weakref.WeakKeyDictionary[nn.Module, _Installation] = weakref.WeakKeyDictionary()
+
+
+def _model_stages(model: nn.Module, example_batch: Any, blocks, loss_fn) -> Profile:
+    """The model's chain layout (names, output and parameter bytes; no times) on a batch: what a
+    plan's fingerprint covers, from one forward under torch.no_grad()."""
+    label, blist = find_blocks(model, blocks)
+    inputs, target = _split(example_batch, loss_fn)
+    tap = _Tap(model, blist)
+    try:
+        with torch.no_grad():
+            _loss_of(_call(model, inputs), target, loss_fn)
+        batch_st = _storages(inputs) | _storages(target)
+        has_prefix = tap.inputs[0] is None or tap.inputs[0].untyped_storage().data_ptr() not in batch_st
+        x = [sum(_storages(o).values()) for o in tap.outputs]
+        x0 = sum(_storages(tap.inputs[0]).values()) if has_prefix else 0
+    finally:
+        tap.remove()
+    names, kinds = _stage_labels(len(blist), has_prefix)
+    outs = ([x0] if has_prefix else []) + x + [4]
+    layers = [LayerProfile(name=nm, kind=kd, forward_s=0, backward_s=0, output_bytes=o, saved_bytes=0)
+              for nm, kd, o in zip(names, kinds, outs, strict=True)]
+    _param_bytes(model, blist, layers, has_prefix)
+    return Profile(input_bytes=sum(batch_st.values()), layers=layers,
+                   meta={"apply": {"blocks": label, "n_blocks": len(blist), "prefix": has_prefix}})
+
+
+def _install(model: nn.Module, plan: Plan, profile: Profile, blocks) -> None:
+    if model in _INSTALLED:
+        remove_checkpoint(model)
+    _, blist = find_blocks(model, blocks)
+    has_prefix = bool(profile.meta.get("apply", {}).get("prefix", True))
+    if plan.n_stages != profile.n_stages:
+        raise InstallError(f"plan.n_stages: the plan is for {plan.n_stages} stages, the model has "
+                           f"{profile.n_stages}; plan this model")
+    _INSTALLED[model] = _Installation(model, blist, has_prefix, plan, profile)
+
+
+def install_plan(model: nn.Module, plan: Plan | dict | str, example_batch: Any, *,
+                 blocks: str | Sequence[nn.Module] | None = None, loss_fn: Callable | None = None) -> Plan:
+    """Install a plan made earlier (the CLI, the API, another machine) into `model` in place.
+
+    `example_batch` (one forward under torch.no_grad()) gives the model's stage sizes: a plan whose
+    `profile_fingerprint` is not this model's on this batch shape is refused with `InstallError`,
+    as is a schedule that cannot be installed (`installable`). Returns the plan."""
+    if isinstance(plan, str):
+        plan = Plan.model_validate_json(plan)
+    elif isinstance(plan, dict):
+        plan = Plan.model_validate(plan)
+    if not isinstance(plan, Plan):
+        raise InstallError(f"plan: expected a Plan, a dict or JSON text, got {type(plan).__name__}")
+    if not plan.feasible or not plan.schedule:
+        raise InfeasiblePlanError(f"plan: it has no schedule ({plan.message or 'infeasible'})")
+    layout = _model_stages(model, example_batch, blocks, loss_fn)
+    if plan.profile_fingerprint and plan.profile_fingerprint != layout.fingerprint():
+        raise InstallError(
+            f"plan.profile_fingerprint: {plan.profile_fingerprint} is not this model's "
+            f"{layout.fingerprint()} ({layout.n_stages} stages on this batch shape): the plan was made "
+            "for another model or batch shape; plan this one (auto_checkpoint)"
+        )
+    _install(model, plan, layout, blocks)
+    return plan
+
+
+def remove_checkpoint(model: nn.Module) -> Plan | None:
+    """Remove the installed plan: every hook the installation added is removed, so the model is
+    exactly as it was (no parameter, buffer or attribute was changed). Returns the removed plan,
+    or None when none was installed."""
+    inst = _INSTALLED.pop(model, None)
+    if inst is None:
+        return None
+    inst.remove()
+    return inst.plan
+
+
+def installed_plan(model: nn.Module) -> Plan | None:
+    """The plan installed in `model`, or None."""
+    inst = _INSTALLED.get(model)
+    return inst.plan if inst is not None else None
+
+
+def auto_checkpoint(
+    model: nn.Module,
+    example_batch: Any,
+    *,
+    budget: int | str | None = None,
+    memory: int | str | None = None,
+    max_overhead: float | None = None,
+    strategy: str = "optimal",
+    blocks: str | Sequence[nn.Module] | None = None,
+    loss_fn: Callable | None = None,
+    optimizer: str = "adamw",
+    profile: Profile | None = None,
+    repeats: int = 3,
+) -> Plan:
+    """Profile `model` through its own forward and loss on `example_batch`, plan, and install the
+    plan into the model in place (NOTE [ The model as a chain ], [ Installing a schedule ]).
+
+    `budget`: activation bytes (an int or "8GiB"); `memory`: a device's memory, from which the
+    fixed bytes (parameters, gradients, `optimizer` state) are subtracted; `max_overhead`: the
+    least memory for at most that fraction of recompute time (optimal only); none of them: the
+    fastest plan. `blocks`: the repeated blocks (default: found). With `loss_fn`, the batch is
+    (inputs, target) and the loss is loss_fn(model(inputs), target); otherwise the model returns
+    it (`.loss`, a "loss" key, or a scalar). `profile`: one made earlier by `profile_model` for
+    this model and batch shape (skips profiling).
+
+    Returns the installed `Plan` (predicted seconds and bytes). Raises `InfeasiblePlanError` when
+    nothing fits (the message says the least budget that does), `InstallError` on bad input."""
+    from memplan.planner import plan as make_plan
+    from memplan.planner.units import parse_bytes
+
+    budget_bytes = parse_bytes(budget, field="budget") if budget is not None else None
+    memory_bytes = parse_bytes(memory, field="memory") if memory is not None else None
+    if max_overhead is not None and (isinstance(max_overhead, bool) or not isinstance(max_overhead, (int, float))
+                                     or max_overhead < 0):
+        raise InstallError(f"max_overhead: a fraction >= 0 (0.2 = 20%), got {max_overhead!r}")
+    prof = profile if profile is not None else profile_model(
+        model, example_batch, blocks=blocks, loss_fn=loss_fn, optimizer=optimizer, repeats=repeats)
+    options: dict[str, Any] = {}
+    if max_overhead is not None:
+        options["max_overhead"] = float(max_overhead)
+    plan = make_plan(prof, budget_bytes=budget_bytes, memory_bytes=memory_bytes, strategy=strategy,
+                     **options)
+    if not plan.feasible:
+        raise InfeasiblePlanError(f"budget: {plan.message}")
+    _install(model, plan, prof, blocks)
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# measuring a step of the user's loop
+
+
+@dataclass
+class StepMeasurement:
+    """One training step (forward, loss, backward) of the user's model, measured against the
+    installed plan's prediction."""
+
+    measured_peak_bytes: int  # activation peak: above the level before the step, batch included
+    predicted_peak_bytes: int | None  # the installed plan's (None: no plan installed)
+    store_all_peak_bytes: int | None  # the same model with nothing recomputed, predicted
+    peak_error_pct: float | None  # (measured - predicted) / measured, %
+    measured_step_s: float  # median seconds of the timed steps (forward, loss, backward)
+    predicted_step_s: float | None
+    time_error_pct: float | None
+    loss: float
+    strategy: str | None
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def measure_step(model: nn.Module, batch: Any, *, loss_fn: Callable | None = None,
+                 time_steps: int = 2) -> StepMeasurement:
+    """Measure the user's own step on `batch`: `time_steps` timed steps, then one under exact
+    memory accounting (CPU) or the allocator's counters (CUDA). Each step zeroes the gradients
+    first (allocating missing ones, as every step after the first has them) and runs forward, loss
+    and backward; the last step's gradients are left in `.grad` (call the optimizer after it).
+
+    Returns a `StepMeasurement`: measured activation peak (bytes, the batch included, the gradient
+    of tied weights left out as the profile's fixed memory) and step time (seconds) against the
+    installed plan's prediction, with a sentence saying what they mean."""
+    from memplan.planner import plan as make_plan
+    from memplan.profiler.memory import measure_memory
+
+    if not isinstance(time_steps, int) or time_steps < 0:
+        raise InstallError(f"time_steps: an integer >= 0, got {time_steps!r}")
+    inputs, target = _split(batch, loss_fn)
+    dev = _device_of(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def zero() -> None:
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad.zero_()
+
+    seconds = []
+    loss_v = 0.0
+    for _ in range(time_steps):
+        zero()
+        t0 = _now(dev)
+        loss = _loss_of(_call(model, inputs), target, loss_fn)
+        loss.backward()
+        seconds.append(_now(dev) - t0)
+        loss_v = float(loss.detach())
+        del loss
+    zero()
+    with measure_memory(dev) as meter:
+        loss = _loss_of(_call(model, inputs), target, loss_fn)
+        meter.mark("backward")
+        loss.backward()
+        loss_v = float(loss.detach())
+        del loss
+    tied = _tied_grad_bytes(model)
+    fwd, bwd = meter.phases["start"], meter.phases["backward"]
+    batch_b = sum((_storages(inputs) | _storages(target)).values())
+    measured = max(fwd.peak_bytes, bwd.peak_bytes - tied) + batch_b
+    inst = _INSTALLED.get(model)
+    pred = inst.plan.predicted if inst is not None else None
+    store = None
+    if inst is not None and inst.profile is not None:
+        try:
+            store = make_plan(inst.profile, strategy="store-all").predicted.peak_bytes
+        except ValueError:
+            store = None
+    step_s = statistics.median(seconds) if seconds else 0.0
+    pk, ts = (pred.peak_bytes, pred.time_s) if pred is not None else (None, None)
+    perr = error_pct(measured, pk)
+    terr = error_pct(step_s, ts) if seconds else None
+    if inst is None:
+        msg = f"no plan installed: activation peak {measured} bytes, step {step_s:.4g} s"
+    else:
+        msg = (f"{inst.plan.strategy} plan: activation peak {measured} bytes measured, {pk} predicted "
+               f"({perr:+.2f}%)" + (f"; store-all would be {store} bytes" if store else "")
+               + (f"; step {step_s:.4g} s measured, {ts:.4g} s predicted ({terr:+.1f}%)" if seconds else ""))
+        if store and measured >= 0.98 * store:
+            msg += ("; the plan saves nothing here: the budget is at or above the store-all peak, "
+                    "or the batch is not the profiled shape")
+    return StepMeasurement(
+        measured_peak_bytes=measured, predicted_peak_bytes=pk, store_all_peak_bytes=store,
+        peak_error_pct=perr, measured_step_s=step_s, predicted_step_s=ts, time_error_pct=terr,
+        loss=loss_v, strategy=inst.plan.strategy if inst is not None else None, message=msg,
+    )
