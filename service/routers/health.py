@@ -161,11 +161,11 @@ def info(request: Request, settings: SettingsDep, store: StoreDep) -> Info:
         auth_required=settings.api_key is not None,
         strategies=list(planner.STRATEGIES),
         features={
-            "frontier": _has("memplan.planner", "frontier"),
+            "frontier": _has("memplan.planner.frontier"),
             "sizing": _has("memplan.planner.scaling.queries"),
             "fit": _has("memplan.planner.scaling.fit"),
             "profiles": _has("memplan.profiler.models"),
-            "runs": _has("memplan.executor", "run_plan"),
+            "runs": _has("memplan.executor.run"),  # found, not imported: no torch in the API
         },
         uptime_s=time.time() - request.app.state.started_at,
     )

@@ -227,7 +227,11 @@ def test_info_documents_the_limits(client):
     assert limits["max_size_bytes"] == 2**53 and limits["max_profile_bytes"] == 2**58
     assert limits["max_budget_bytes"] == 2**60 and limits["max_json_depth"] == 32
     assert limits["plan_max_steps"] > 0 and limits["plan_timeout_s"] > 0
-    assert client.get("/v1/info").json()["uptime_s"] >= 0
+    info = client.get("/v1/info").json()
+    assert info["uptime_s"] >= 0
+    # found under their memplan names (the features were all false after the rename)
+    assert info["features"] == {"frontier": True, "sizing": True, "fit": True, "profiles": True,
+                                "runs": True}
 
 
 def test_health_does_not_import_the_app():
