@@ -1,0 +1,323 @@
+"""Capacity answers before launch: does a Hugging Face decoder train on these GPUs at this sequence
+length, with which recompute, how large can the micro-batch and the sequence be, and how few GPUs
+will do.
+
+Every answer is a plan: the analytic profile of the config (`memplan.profiler.hf_config`), its
+model states priced by the precision policy and sharded by ZeRO (`memplan.planner.sharding`), and
+the optimal checkpoint plan for the memory left (`memplan.planner.plan`), whose replay
+(`memplan.planner.simulate`) gives the peak and the recompute overhead. "Fits" means that plan is
+feasible within `memory_bytes` per GPU and, with `max_overhead`, recomputes at most that fraction
+of the step.
+
+NOTE [ Capacity searches ]
+Each search asks the same question of more or less work and bisects: the peak of the optimal plan
+grows with the micro-batch and the sequence (every activation does), and the per-GPU model states
+shrink with the GPUs at ZeRO 1-3, so each answer is the exact boundary of a monotone predicate,
+found with O(log) plans. At ZeRO 0 more GPUs leave each one the same bytes: the fewest GPUs is 1 or
+none. Searches stop at the caps below and say so (`*_capped`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from memplan.planner.schema import PlanError
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["DevicePreset", "DEVICES", "device_preset", "CapacityRequest", "CapacityAnswer",
+           "PolicyRow", "capacity", "MAX_MICRO_BATCH", "MAX_SEQ_LEN", "MAX_GPUS"]
+
+log = logging.getLogger(__name__)
+
+MAX_MICRO_BATCH = 1 << 16  # search cap: sequences per micro-batch
+MAX_SEQ_LEN = 1 << 22  # search cap: tokens per sequence
+MAX_GPUS = 1 << 16  # search cap: data-parallel GPUs
+
+
+@dataclass(frozen=True)
+class DevicePreset:
+    """A GPU's memory and its peak dense bf16 rate (vendor data sheets)."""
+
+    name: str  # the product
+    memory_bytes: int  # device memory, bytes (the vendor's nominal GiB; the driver and the
+    # CUDA context take some of it: give --memory for the exact figure of a machine)
+    peak_bf16_flops: float  # dense bf16 tensor FLOP/s (no sparsity)
+    source: str  # where the numbers come from
+
+
+_GiB = 1 << 30
+DEVICES: dict[str, DevicePreset] = {
+    "a100-40gb": DevicePreset("NVIDIA A100 40GB", 40 * _GiB, 312e12, "NVIDIA A100 datasheet (2021)"),
+    "a100-80gb": DevicePreset("NVIDIA A100 80GB", 80 * _GiB, 312e12, "NVIDIA A100 datasheet (2021)"),
+    "h100": DevicePreset("NVIDIA H100 SXM 80GB", 80 * _GiB, 989e12, "NVIDIA H100 datasheet (2023)"),
+    "h200": DevicePreset("NVIDIA H200 SXM 141GB", 141 * _GiB, 989e12, "NVIDIA H200 datasheet (2024)"),
+    "l40s": DevicePreset("NVIDIA L40S 48GB", 48 * _GiB, 362.05e12, "NVIDIA L40S datasheet (2023)"),
+    "rtx4090": DevicePreset("NVIDIA GeForce RTX 4090 24GB", 24 * _GiB, 165.2e12,
+                            "NVIDIA Ada Lovelace architecture whitepaper (bf16, fp32 accumulate)"),
+    "mi300x": DevicePreset("AMD Instinct MI300X 192GB", 192 * _GiB, 1307.4e12, "AMD MI300X datasheet (2023)"),
+}
+_ALIASES = {"a100": "a100-80gb", "a100-80": "a100-80gb", "a100-40": "a100-40gb", "h100-80gb": "h100",
+            "h200-141gb": "h200", "4090": "rtx4090", "rtx-4090": "rtx4090"}
+
+
+def device_preset(name: str) -> DevicePreset:
+    """The preset called `name` (case-insensitive; e.g. h100, a100-40gb). Raises PlanError naming
+    the field `device` and the known presets."""
+    key = str(name).strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in DEVICES:
+        raise PlanError(f"device: unknown preset {name!r}; choose one of {', '.join(DEVICES)}")
+    return DEVICES[key]
+
+
+class CapacityRequest(BaseModel):
+    """The question: a config, a device and a training setup."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    config: dict[str, Any] = Field(description="the model's Hugging Face config.json, as an object")
+    memory_bytes: int | None = Field(default=None, ge=1, le=1 << 60,
+                                     description="memory of one GPU, bytes; None: the device preset's")
+    device: str | None = Field(default=None, max_length=64,
+                               description="a preset (h100, a100-80gb, ...): memory and peak FLOP/s")
+    precision: str = Field(default="bf16-mixed", description="fp32, bf16-mixed, fp16-mixed or bf16")
+    seq_len: int = Field(default=4096, ge=1, le=MAX_SEQ_LEN, description="tokens per sequence")
+    micro_batch: int = Field(default=1, ge=1, le=MAX_MICRO_BATCH, description="sequences per GPU per step")
+    n_gpus: int = Field(default=1, ge=1, le=MAX_GPUS, description="data-parallel GPUs")
+    zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage 0-3 (3: FSDP full shard)")
+    max_overhead: float | None = Field(default=None, ge=0, le=10,
+                                       description="most recompute allowed, a fraction of the step")
+    attention: str = Field(default="sdpa", description="sdpa (flash kernel) or eager")
+    optimizer: str = Field(default="adamw", description="adamw, adam, sgd-momentum, sgd, none")
+    utilization: float = Field(default=0.4, gt=0, le=1,
+                               description="fraction of the peak FLOP/s the step reaches (times only)")
+    peak_flops: float | None = Field(default=None, gt=0, description="peak FLOP/s; None: the preset's "
+                                     "or 1e15")
+    policies: bool = Field(default=True, description="also answer for each precision policy (table)")
+
+
+class PolicyRow(BaseModel):
+    """One row of the per-policy table: the same question under another precision policy."""
+
+    precision: str
+    bytes_per_param: int = Field(description="weights + gradients + optimizer state, bytes")
+    model_state_bytes: int = Field(description="per GPU, after ZeRO sharding")
+    store_all_activation_bytes: int = Field(description="activation peak with nothing recomputed")
+    fits: bool
+    overhead: float | None = Field(description="the optimal plan's recompute, a fraction of the step")
+    max_micro_batch: int
+
+
+class CapacityAnswer(BaseModel):
+    """Whether it fits and the boundaries around it (bytes per GPU, seconds per step)."""
+
+    model: str
+    n_params: int
+    n_active_params: int
+    precision: str
+    memory_bytes: int
+    seq_len: int
+    micro_batch: int
+    n_gpus: int
+    zero_stage: int
+    max_overhead: float | None
+    fits: bool
+    message: str
+    model_state_bytes: int = Field(description="weights, gradients, optimizer state per GPU")
+    total_peak_bytes: int | None = Field(description="the plan's predicted peak per GPU")
+    activation_peak_bytes: int | None = Field(description="the plan's peak above the model states")
+    store_all_activation_bytes: int = Field(description="activation peak with nothing recomputed")
+    overhead: float | None = Field(description="recompute time / step time without recompute")
+    recomputed: list[int] = Field(default_factory=list, description="stages recomputed (1-based)")
+    step_time_s: float | None = Field(description="the plan's step time at utilization x peak")
+    max_micro_batch: int = Field(description="largest micro-batch that fits (0: none)")
+    max_micro_batch_capped: bool
+    max_seq_len: int = Field(description="longest sequence that fits at micro_batch (0: none)")
+    max_seq_len_capped: bool
+    min_gpus: int | None = Field(description="fewest GPUs that fit at this ZeRO stage (None: none "
+                                 "up to the cap, or ZeRO 0 and one GPU does not fit)")
+    policies: list[PolicyRow] = Field(default_factory=list)
+    assumptions: dict[str, Any] = Field(default_factory=dict)
+
+
+class _Asker:
+    """Plans of one config at any (micro-batch, sequence, GPUs, policy), each made once."""
+
+    def __init__(self, req: CapacityRequest, memory: int, flops_per_s: float):
+        from memplan.profiler.hf_config import decoder_shape
+
+        self.req, self.memory, self.flops_per_s = req, memory, flops_per_s
+        self.shape = decoder_shape(req.config)
+        self.cache: dict[tuple, Any] = {}
+
+    def profile(self, B: int, T: int, precision: str):
+        from memplan.profiler.hf_config import hf_analytic_profile
+
+        # the cut's embedding stage has no FLOPs; the device type sets AdamW's step counters
+        return hf_analytic_profile(self.shape, seq_len=T, batch_size=B, precision=precision,
+                                   attention=self.req.attention, optimizer=self.req.optimizer,
+                                   flops_per_s=self.flops_per_s, device="cuda")
+
+    def plan(self, B: int, T: int, n: int, precision: str, strategy: str = "optimal"):
+        key = (B, T, n, precision, strategy)
+        if key not in self.cache:
+            from memplan.planner import plan
+
+            self.cache[key] = plan(self.profile(B, T, precision), memory_bytes=self.memory,
+                                   n_gpus=n, zero_stage=self.req.zero_stage, precision=precision,
+                                   strategy=strategy)
+        return self.cache[key]
+
+    def fits(self, B: int, T: int, n: int, precision: str) -> bool:
+        p = self.plan(B, T, n, precision)
+        if not p.feasible or p.predicted is None:
+            return False
+        cap = self.req.max_overhead
+        return cap is None or p.predicted.overhead <= cap + 1e-12
+
+
+def _largest(ok, low: int, cap: int) -> tuple[int, bool]:
+    """(the largest x in [low, cap] with ok(x), whether the cap stopped the search); 0 when not
+    even ok(low). `ok` is monotone: true up to a boundary, false after (NOTE [ Capacity searches ])."""
+    if not ok(low):
+        return 0, False
+    good, step = low, low
+    while True:
+        nxt = min(cap, good + step)
+        if nxt == good:
+            return good, True
+        if not ok(nxt):
+            bad = nxt
+            break
+        good, step = nxt, 2 * step
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if ok(mid) else (good, mid)
+    return good, False
+
+
+def _smallest(ok, low: int, cap: int) -> int | None:
+    """The smallest x in [low, cap] with ok(x) (ok monotone: false, then true), None if none."""
+    if ok(low):
+        return low
+    bad, x = low, low
+    while True:
+        x = min(cap, 2 * x)
+        if ok(x):
+            break
+        if x == cap:
+            return None
+        bad = x
+    good = x
+    while good - bad > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if ok(mid) else (good, mid)
+    return good
+
+
+def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
+    """The capacity answer for `request` (a CapacityRequest or its fields): whether the model
+    trains within `memory_bytes` per GPU at `micro_batch` x `seq_len` on `n_gpus` at ZeRO
+    `zero_stage` under `precision` (with `max_overhead`: recomputing at most that fraction), the
+    optimal plan's peak (bytes), overhead and step time (seconds), `max_micro_batch`,
+    `max_seq_len`, `min_gpus` and a row per precision policy.
+
+    Raises PlanError or ProfileError naming the field on bad input (a config memplan cannot
+    profile, an unknown device or policy, no memory given)."""
+    from memplan.planner.precision import get_policy
+    from memplan.planner.sharding import sharded_fixed_bytes
+    from pydantic import ValidationError
+
+    if isinstance(request, dict):
+        try:
+            request = CapacityRequest.model_validate(request)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "request"
+            raise PlanError(f"{where}: {first['msg']}") from None
+    req = request
+    preset = device_preset(req.device) if req.device is not None else None
+    memory = req.memory_bytes or (preset.memory_bytes if preset else None)
+    if memory is None:
+        raise PlanError("memory_bytes: give the memory of one GPU (e.g. 80GB) or a device preset")
+    get_policy(req.precision)
+    if req.attention not in ("sdpa", "eager", "flash"):
+        raise PlanError(f"attention: choose sdpa or eager, not {req.attention!r}")
+    peak = req.peak_flops or (preset.peak_bf16_flops if preset else 1e15)
+    ask = _Asker(req, memory, peak * req.utilization)
+    B, T, n, pol = req.micro_batch, req.seq_len, req.n_gpus, req.precision
+    from memplan.profiler.hf_config import param_counts
+
+    counts = param_counts(ask.shape)
+    plan = ask.plan(B, T, n, pol)
+    store = ask.plan(B, T, n, pol, "store-all")
+    fits = ask.fits(B, T, n, pol)
+    prof0 = ask.profile(B, T, pol)
+    states = sharded_fixed_bytes(counts.total, n_gpus=n, zero_stage=req.zero_stage, policy=pol,
+                                 gathered_params=max(ly.param_bytes for ly in prof0.layers)
+                                 // get_policy(pol).weight_bytes).fixed_bytes
+    store_act = store.predicted.peak_bytes if store.predicted else _store_all_peak(ask, B, T, pol)
+    mb, mb_capped = _largest(lambda b: ask.fits(b, T, n, pol), 1, MAX_MICRO_BATCH)
+    sl, sl_capped = _largest(lambda t: ask.fits(B, t, n, pol), 1, MAX_SEQ_LEN)
+    if req.zero_stage == 0:
+        min_gpus = 1 if ask.fits(B, T, 1, pol) else None
+    else:
+        min_gpus = _smallest(lambda g: ask.fits(B, T, g, pol), 1, MAX_GPUS)
+    pred = plan.predicted
+    if fits:
+        msg = (f"fits: {pred.total_peak_bytes / 1e9:.1f} GB of {memory / 1e9:.1f} GB per GPU, "
+               f"recomputing {len(plan.recomputed)} of {plan.n_stages} stages "
+               f"(+{100 * pred.overhead:.1f}% step time)")
+    elif not plan.feasible:
+        msg = f"does not fit: {plan.message}"
+    else:
+        msg = (f"does not fit within +{100 * req.max_overhead:.0f}% recompute: the least recompute "
+               f"that fits costs +{100 * pred.overhead:.1f}%")
+    rows = []
+    if req.policies:
+        for name in ("fp32", "bf16-mixed", "fp16-mixed", "bf16"):
+            p = ask.plan(B, T, n, name)
+            s_all = ask.plan(B, T, n, name, "store-all")
+            rows.append(PolicyRow(
+                precision=name, bytes_per_param=get_policy(name).bytes_per_param,
+                model_state_bytes=sharded_fixed_bytes(counts.total, n_gpus=n, zero_stage=req.zero_stage,
+                                                      policy=name).fixed_bytes,
+                store_all_activation_bytes=s_all.predicted.peak_bytes if s_all.predicted
+                else _store_all_peak(ask, B, T, name),
+                fits=ask.fits(B, T, n, name),
+                overhead=p.predicted.overhead if p.feasible and p.predicted else None,
+                max_micro_batch=_largest(lambda b, name=name: ask.fits(b, T, n, name), 1,
+                                         MAX_MICRO_BATCH)[0]))
+    log.info("capacity: %d plans for %s", len(ask.cache), req.config.get("model_type"))
+    return CapacityAnswer(
+        model=prof0.name, n_params=counts.total, n_active_params=counts.active, precision=pol,
+        memory_bytes=memory, seq_len=T, micro_batch=B, n_gpus=n, zero_stage=req.zero_stage,
+        max_overhead=req.max_overhead, fits=fits, message=msg, model_state_bytes=states,
+        total_peak_bytes=pred.total_peak_bytes if plan.feasible and pred else None,
+        activation_peak_bytes=pred.peak_bytes if plan.feasible and pred else None,
+        store_all_activation_bytes=store_act,
+        overhead=pred.overhead if plan.feasible and pred else None,
+        recomputed=list(plan.recomputed) if plan.feasible else [],
+        step_time_s=pred.time_s if plan.feasible and pred else None,
+        max_micro_batch=mb, max_micro_batch_capped=mb_capped, max_seq_len=sl,
+        max_seq_len_capped=sl_capped, min_gpus=min_gpus, policies=rows,
+        assumptions={
+            "device": preset.name if preset else None,
+            "peak_flops": peak, "utilization": req.utilization, "attention": req.attention,
+            "optimizer": req.optimizer,
+            "activations": "analytic profile of the transformers layers (memplan.profiler.hf_config), "
+                           "optimal checkpoint plan; transient bytes estimated",
+            "not_counted": "communication buffers, allocator fragmentation, CUDA context",
+        },
+    )
+
+
+def _store_all_peak(ask: _Asker, B: int, T: int, precision: str) -> int:
+    """The store-all activation peak (bytes above the model states) when the states alone leave no
+    room to plan: a plan with no memory limit."""
+    from memplan.planner import plan
+
+    p = plan(ask.profile(B, T, precision), strategy="store-all")
+    return p.predicted.peak_bytes

@@ -1,0 +1,85 @@
+"""Capacity answers: Llama-2-7B's model states and fit at 1 and 8 GPUs, each boundary checked
+against plans one step either side of it, and against a scan on a small model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from memplan.planner import plan
+from memplan.planner.capacity import DEVICES, capacity, device_preset
+from memplan.planner.schema import PlanError
+from memplan.profiler.hf_config import hf_analytic_profile
+
+CONFIGS = Path(__file__).parents[1] / "profiler" / "hf_configs"
+LLAMA7B = json.loads((CONFIGS / "llama-2-7b.json").read_text())
+N7B = 6_738_415_616
+
+
+def test_llama2_7b_does_not_fit_one_80gb_gpu():
+    a = capacity({"config": LLAMA7B, "memory_bytes": 80 * 10**9, "seq_len": 4096,
+                  "precision": "bf16-mixed", "policies": False})
+    assert not a.fits and a.max_micro_batch == 0 and a.min_gpus is None
+    assert a.n_params == N7B
+    assert a.model_state_bytes == 16 * N7B == 107_814_649_856  # about 108 GB: 4 + 4 + 8 bytes
+    assert "model states alone" in a.message
+
+
+def test_llama2_7b_fits_8_gpus_at_zero3_and_the_boundaries_are_exact():
+    base = {"config": LLAMA7B, "memory_bytes": 80 * 10**9, "seq_len": 4096, "precision": "bf16-mixed",
+            "n_gpus": 8, "zero_stage": 3, "max_overhead": 0.3, "policies": False}
+    a = capacity(base)
+    assert a.fits and a.total_peak_bytes <= 80 * 10**9
+    # ZeRO-3 over 8: the 16 bytes a parameter sharded, plus the largest unit gathered (a decoder
+    # layer: 4 C^2 + 3 C F + 2 C parameters, fp32 weights)
+    assert a.model_state_bytes == 16 * N7B // 8 + 4 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096)
+    mb = a.max_micro_batch
+    assert mb >= 2 and not a.max_micro_batch_capped
+    at = capacity({**base, "micro_batch": mb})
+    over = capacity({**base, "micro_batch": mb + 1})
+    assert at.fits and at.overhead <= 0.3
+    assert not over.fits
+    assert capacity({**base, "seq_len": a.max_seq_len}).fits
+    assert not capacity({**base, "seq_len": a.max_seq_len + 1}).fits
+    g = a.min_gpus
+    assert g >= 2 and capacity({**base, "n_gpus": g}).fits and not capacity({**base, "n_gpus": g - 1}).fits
+
+
+def test_max_micro_batch_equals_a_scan_of_plans():
+    """On a small Llama the search's answer is the last micro-batch of a linear scan of the
+    optimal plans that fits."""
+    cfg = json.loads((CONFIGS / "tiny-llama.json").read_text())
+    memory = 3_000_000
+    a = capacity({"config": cfg, "memory_bytes": memory, "seq_len": 64, "precision": "fp32",
+                  "attention": "eager", "policies": False})
+    fits = []
+    for b in range(1, 40):
+        prof = hf_analytic_profile(cfg, seq_len=64, batch_size=b, precision="fp32", attention="eager",
+                                   device="cuda")
+        fits.append(plan(prof, memory_bytes=memory, precision="fp32").feasible)
+    assert fits[0] and not fits[-1]
+    assert a.max_micro_batch == max(b for b, ok in enumerate(fits, start=1) if ok)
+    assert fits == sorted(fits, reverse=True)  # monotone, as the search assumes
+
+
+def test_policy_table_orders_policies_by_their_bytes():
+    a = capacity({"config": LLAMA7B, "device": "h200", "seq_len": 4096})
+    rows = {r.precision: r for r in a.policies}
+    assert set(rows) == {"fp32", "bf16-mixed", "fp16-mixed", "bf16"}
+    assert rows["bf16"].model_state_bytes == 8 * N7B and rows["bf16-mixed"].model_state_bytes == 16 * N7B
+    assert rows["bf16"].fits and rows["bf16-mixed"].fits  # 141 GiB holds 108 GB of states
+    assert rows["bf16"].max_micro_batch > rows["bf16-mixed"].max_micro_batch >= 1
+    assert a.memory_bytes == 141 * 2**30 and a.assumptions["peak_flops"] == 989e12
+
+
+def test_devices_and_bad_input_name_the_field():
+    assert device_preset("H100").memory_bytes == 80 * 2**30 and len(DEVICES) == 7
+    with pytest.raises(PlanError, match="device"):
+        device_preset("tpu")
+    with pytest.raises(PlanError, match="memory_bytes"):
+        capacity({"config": LLAMA7B})
+    with pytest.raises(PlanError, match="seq_len"):
+        capacity({"config": LLAMA7B, "memory_bytes": 10**9, "seq_len": 0})
+    with pytest.raises(PlanError, match="precision"):
+        capacity({"config": LLAMA7B, "memory_bytes": 10**9, "precision": "fp8"})
