@@ -16,7 +16,9 @@ gradient, optimizer and activation bytes from shapes; FLOPs) replayed by the sim
 - memory, bytes: fixed_bytes + the store-all activation peak; a run adds a second fixed_bytes
   (the executor keeps a reference model and optimizer to compare gradients against). It leaves
   out the transient buffers of the framework, so it is below what the job will use: a job refused
-  by it cannot fit.
+  by it cannot fit. It is of the dense GPT with flash attention; a sweep model's features are not
+  priced (MoE and the math path only add bytes; pruning, which removes some, is rare enough that
+  a configuration refused near the limit can be sent without it).
 - time, seconds: the store-all step's time at `job_cpu_flops_per_s` (or `job_gpu_flops_per_s`
   on cuda), times the steps a job executes (a profile: (repeats + warmup) passes; a run: the
   profile's `repeats + 1` passes, then `steps` x 2 steps, the planned one and the reference).
@@ -34,7 +36,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from memplan.service.jobs.configs import PROFILE_CONFIGS, RUN_CONFIGS
+from memplan.service.jobs.configs import PROFILE_CONFIGS, RUN_CONFIGS, SWEEP_CONFIGS
 from memplan.service.settings import Settings
 from pydantic import BaseModel, ValidationError
 
@@ -50,7 +52,7 @@ MEASURED_MAX_LAYERS = 1024
 DECLARED: dict[str, tuple[str, dict[str, type[BaseModel]]]] = {
     "memplan.service.jobs.kinds:run_job": ("run", RUN_CONFIGS),
     "memplan.service.jobs.kinds:profile_job": ("profile", PROFILE_CONFIGS),
-    "memplan.executor.sweep:sweep_cell": ("sweep-cell", RUN_CONFIGS),
+    "memplan.executor.sweep:sweep_cell": ("sweep-cell", SWEEP_CONFIGS),
 }
 
 

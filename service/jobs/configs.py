@@ -22,8 +22,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 __all__ = [
-    "GPTRunConfig", "ConvRunConfig", "GPTProfileConfig", "ConvProfileConfig",
-    "RUN_CONFIGS", "PROFILE_CONFIGS",
+    "GPTRunConfig", "ConvRunConfig", "GPTSweepConfig", "ConvSweepConfig", "GPTProfileConfig",
+    "ConvProfileConfig", "RUN_CONFIGS", "SWEEP_CONFIGS", "PROFILE_CONFIGS",
 ]
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
@@ -133,5 +133,18 @@ class ConvProfileConfig(BaseModel):
         return self
 
 
+class GPTSweepConfig(GPTRunConfig):
+    """A sweep model's GPT settings: a run's, and its features (executor.sweep checks the names)."""
+
+    features: str | None = Field(default=None, max_length=64, description="comma-separated, e.g. 'moe,flash'")
+
+
+class ConvSweepConfig(ConvRunConfig):
+    """A sweep model's conv settings: a run's, and its features (qat only, executor.sweep checks)."""
+
+    features: str | None = Field(default=None, max_length=64, description="comma-separated")
+
+
 RUN_CONFIGS: dict[str, type[BaseModel]] = {"gpt": GPTRunConfig, "conv": ConvRunConfig}
+SWEEP_CONFIGS: dict[str, type[BaseModel]] = {"gpt": GPTSweepConfig, "conv": ConvSweepConfig}
 PROFILE_CONFIGS: dict[str, type[BaseModel]] = {"gpt": GPTProfileConfig, "conv": ConvProfileConfig}

@@ -145,10 +145,14 @@ def test_sweep_on_ray_equals_the_local_backend(rc):
     done = wait_for(lambda: (s := rc.get(f"/v1/sweeps/{sweep['id']}").json())["report"] and s,
                     timeout_s=180, every_s=0.5, what="the sweep")
     remote = done["report"]
-    assert remote["succeeded"] == 8 and remote["ran"] == 8 and remote["runs_ok"] == 8
+    # the same cells ran (112,000 B is infeasible for some: a result, not a failure), and passed
+    assert remote["succeeded"] == 8 and remote["ran"] == local.ran >= 4, remote["cells"]
+    assert remote["runs_ok"] == local.runs_ok == local.ran
     for got, want in zip(remote["cells"], local.model_dump(mode="json")["cells"], strict=True):
         for key in DETERMINISTIC:
             assert got[key] == want[key], (got["index"], key)
+        if not got["ran"]:
+            continue
         assert abs(got["measured_peak_bytes"] - want["measured_peak_bytes"]) <= PEAK_JITTER_BYTES
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
     assert remote["pareto"] == local.model_dump()["pareto"]
@@ -157,13 +161,24 @@ def test_sweep_on_ray_equals_the_local_backend(rc):
 
 
 def test_map_cells_without_a_server(ray_address):
+    from functools import partial
+
     from memplan.executor.sweep import run_sweep
+    from memplan.service.backends.ray_backend import map_cells
 
     spec = {**SWEEP, "run": False, "precisions": ["fp32", "bf16"], "n_gpus": 8, "zero_stage": 3,
             "models": SWEEP["models"][:1], "budgets_bytes": [None]}
-    on_ray = run_sweep(spec, ray_address=ray_address)
+    on_ray = run_sweep(spec, map_cells=partial(map_cells, address=ray_address))
     here = run_sweep(spec)
-    assert on_ray.model_dump() == here.model_dump()
+    assert on_ray.failed == 0, [c.error for c in on_ray.cells]
+
+    def same(report) -> dict:  # a plan's message ends with its solve time: the rest must agree
+        out = report.model_dump()
+        for c in out["cells"]:
+            c["message"] = c["message"].split("; mode")[0]
+        return out
+
+    assert same(on_ray) == same(here)
     assert on_ray.n_cells == 4 and on_ray.ran == 0
     fp32, bf16 = on_ray.cells[0], on_ray.cells[2]
     assert bf16.fixed_bytes_per_gpu < fp32.fixed_bytes_per_gpu  # 8 bytes a parameter, not 16
