@@ -24,6 +24,12 @@ setup() {
         } >"$VENV/install.log" 2>&1 || { cat "$VENV/install.log" >&2; echo "memplan: install failed" >&2; exit 1; }
         touch "$STAMP"
     fi
+    # the page's browser tests drive Debian's Chromium: install it only if missing, as root, with apt
+    if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "memplan: installing chromium for the browser tests (log in $VENV/apt.log)" >&2
+        { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; } \
+            >"$VENV/apt.log" 2>&1 || echo "memplan: chromium not installed; the browser tests will skip" >&2
+    fi
 }
 
 cmd=${1:-demo}
