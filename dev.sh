@@ -24,6 +24,9 @@ setup() {
         } >"$VENV/install.log" 2>&1 || { cat "$VENV/install.log" >&2; echo "memplan: install failed" >&2; exit 1; }
         touch "$STAMP"
     fi
+}
+
+browser() {
     # the page's browser tests drive Debian's Chromium: install it only if missing, as root, with apt
     if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "memplan: installing chromium for the browser tests (log in $VENV/apt.log)" >&2
@@ -42,6 +45,7 @@ case "$cmd" in
         ;;
     test)
         setup
+        browser
         exec "$VENV/bin/python" -m pytest -q "$@"
         ;;
     bench)
