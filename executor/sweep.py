@@ -215,6 +215,12 @@ def _check_spec(spec: SweepSpec) -> None:
             raise ExecutorError(f"models[{k}].config.features: {', '.join(bad_f)} has no analytic "
                                 "profile (NOTE [ A cell profiles the model it runs ]); use profile "
                                 "'measured'")
+        mixed = [p for p in spec.precisions if RUNNABLE_PRECISIONS.get(p)]
+        if spec.profile == "analytic" and m.model == "gpt" and mixed and (
+                "flash" not in names or "moe" in names):
+            raise ExecutorError(f"models[{k}].config.features: the analytic profile prices "
+                                f"{mixed[0]} (autocast) on the flash path with a dense MLP only; add "
+                                "'flash' (without 'moe'), or use profile 'measured'")
     n = len(spec.models) * len(spec.budgets_bytes) * len(spec.strategies) * len(spec.precisions)
     if n > MAX_CELLS:
         raise ExecutorError(f"models x budgets_bytes x strategies x precisions: {n} cells, more than "

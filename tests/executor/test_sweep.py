@@ -142,3 +142,13 @@ def test_spec_errors_name_the_field():
         cells({**GRID, "models": [{"config": {**TINY, "features": "qat"}}], "profile": "analytic"})
     with pytest.raises(ExecutorError, match=r"models\[0\].config.features: unknown 'fast'"):
         cells({**GRID, "models": [{"config": {**TINY, "features": "fast"}}]})
+
+
+def test_mixed_precision_analytic_cells_need_what_the_profile_prices():
+    # autocast is priced analytically on the flash path with a dense MLP: the math path is refused
+    # at submission, naming the field, instead of failing cell by cell
+    with pytest.raises(ExecutorError, match=r"models\[0\].config.features: .*bf16-mixed"):
+        cells({**GRID, "models": [{"config": TINY}], "precisions": ["fp32", "bf16-mixed"],
+               "profile": "analytic"})
+    assert len(cells({**GRID, "models": [{"config": TINY}], "precisions": ["fp32", "bf16-mixed"],
+                      "profile": "measured"})) == 8  # 2 budgets x 2 strategies x 2 precisions
