@@ -117,6 +117,35 @@ def test_frontier_work_is_bounded_too(client):
     _problem(r, 422, "body.options.points")
 
 
+@pytest.fixture(scope="module")
+def tight_server(tmp_path_factory):
+    """A server whose plan limits are tiny: 5,000 DP steps, a millisecond per plan."""
+    from tests.service.server import Server
+
+    srv = Server(tmp_path_factory.mktemp("svc-tight"), env={
+        "MEMPLAN_START_WORKER": "false", "MEMPLAN_PLAN_MAX_STEPS": "5000",
+        "MEMPLAN_PLAN_TIMEOUT_S": "0.001", "MEMPLAN_PLAN_CACHE_SIZE": "0",
+    }).start(ready=False)
+    yield srv
+    srv.stop()
+
+
+def test_the_limits_are_the_servers_settings(tight_server):
+    with httpx.Client(base_url=tight_server.url, timeout=60) as c:
+        limits = c.get("/v1/info").json()["limits"]
+        assert limits["plan_max_steps"] == 5000 and limits["plan_timeout_s"] == 0.001
+        # 30 stages, exact DP within a budget: 27,000 steps, over 5,000
+        body = {"profile": make_profile(30), "budget_bytes": 150_000}
+        problem = _problem(c.post("/v1/plans", json=body), 422, "body.profile.layers")
+        assert "MEMPLAN_PLAN_MAX_STEPS" in problem["detail"]
+        # sqrt on 3,000 stages is 3,000 steps: admitted, then not done within a millisecond (it
+        # replays a schedule of some 12,000 ops): 503 with Retry-After
+        r = c.post("/v1/plans", json={"profile": make_profile(3000), "strategy": "sqrt"})
+        _problem(r, 503)
+        assert r.headers["retry-after"] == "1" and "MEMPLAN_PLAN_TIMEOUT_S" in r.json()["detail"]
+        assert c.get("/v1/healthz").status_code == 200
+
+
 @pytest.mark.parametrize("depth", [1000, 100_000])
 def test_deeply_nested_json_is_422_and_the_connection_lives(client, depth):
     for raw in ("[" * depth + "]" * depth,
