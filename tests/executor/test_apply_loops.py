@@ -1,0 +1,87 @@
+"""An installed plan under the training loops users write: bf16 autocast, gradient accumulation,
+torch.compile (issue 21)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from memplan.executor.apply import auto_checkpoint, measure_step, remove_checkpoint
+from memplan.planner import plan
+
+from tests.hf_tiny import lm_batch, tiny_lm
+
+
+def _setup(fraction: float = 0.3):
+    torch.set_num_threads(1)
+    model = tiny_lm("llama", "sdpa", n_layer=6, width=64).train()
+    model.config.use_cache = False
+    ref = copy.deepcopy(model)
+    batches = [lm_batch(4, 32, seed=200 + k) for k in range(4)]
+    from memplan.executor.apply import profile_model
+
+    prof = profile_model(model, batches[0], repeats=1, warmup=0)
+    budget = int(fraction * plan(prof, strategy="store-all").predicted.peak_bytes)
+    p = auto_checkpoint(model, batches[0], budget=budget, profile=prof)
+    assert p.recomputed
+    return model, ref, batches
+
+
+def _grads(model):
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_bf16_autocast_gradients_equal_the_unmodified_models():
+    model, ref, batches = _setup()
+    try:
+        for m in (model, ref):
+            m.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = m(**batches[0]).loss
+            loss.backward()
+        for a, b in zip(_grads(model), _grads(ref), strict=True):
+            assert torch.equal(a, b)  # the recomputes run under the first forward's autocast
+    finally:
+        remove_checkpoint(model)
+
+
+def test_gradient_accumulation_over_micro_batches():
+    model, ref, batches = _setup()
+    try:
+        for m in (model, ref):
+            m.zero_grad()
+            for batch in batches:  # four micro-batches, one optimizer step
+                (m(**batch).loss / len(batches)).backward()
+        for a, b in zip(_grads(model), _grads(ref), strict=True):
+            assert torch.equal(a, b)
+        m = measure_step(model, batches[1], time_steps=0)
+        assert abs(m.peak_error_pct) <= 2.0, m.message
+    finally:
+        remove_checkpoint(model)
+
+
+def test_no_grad_evaluation_is_untouched():
+    model, ref, batches = _setup()
+    try:
+        with torch.no_grad():
+            assert torch.equal(model(**batches[0]).logits, ref(**batches[0]).logits)
+    finally:
+        remove_checkpoint(model)
+
+
+@pytest.mark.slow
+def test_torch_compile_of_the_installed_model():
+    """torch.compile(model) with the plan installed: the hooks run as graph breaks (dynamo does not
+    trace through the installation), gradients equal the unmodified model's."""
+    model, ref, batches = _setup()
+    try:
+        compiled = torch.compile(model, backend="eager")
+        compiled.zero_grad()
+        compiled(**batches[0]).loss.backward()
+        ref.zero_grad()
+        ref(**batches[0]).loss.backward()
+        for a, b in zip(_grads(model), _grads(ref), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    finally:
+        remove_checkpoint(model)
