@@ -159,7 +159,7 @@ def format_validation_error(err: ValidationError, *, what: str) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(root)"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field; remove it (check the spelling against the schema)"
         elif e["type"] == "finite_number":
