@@ -27,7 +27,7 @@ from typing import Any
 from memplan.profiler.schema import ProfileError
 
 __all__ = ["DecoderShape", "ParamCounts", "decoder_shape", "param_counts", "n_params", "FAMILIES",
-           "hf_analytic_profile"]
+           "hf_analytic_profile", "hf_model", "measure_hf_config"]
 
 # model_type -> the family whose layer layout it has
 FAMILIES: dict[str, str] = {
@@ -450,3 +450,87 @@ def hf_analytic_profile(
               "transients": "estimate (largest intermediates; no allocation trace of these layers)",
               "exact": ["output_bytes", "saved_bytes", "param_bytes", "input_bytes"]},
     )
+
+
+def hf_model(config: DecoderShape | str | Path | dict, *, attention: str = "sdpa", seed: int = 0):
+    """A transformers causal LM built from `config` (a path, JSON text or dict; random weights,
+    nothing downloaded), fp32, with `attention` ("sdpa" or "eager"). Needs transformers."""
+    try:
+        import torch
+        import transformers
+    except ImportError:  # pragma: no cover - the dev extra installs it
+        raise ProfileError("config: building the model needs transformers (pip install "
+                           "'transformers>=4.57,<6'); or use the analytic profile (--analytic)") from None
+    cfg = _load(config) if not isinstance(config, DecoderShape) else None
+    if cfg is None:
+        raise ProfileError("config: give the config itself (a path, JSON text or dict), not a shape")
+    decoder_shape(cfg)  # known model_type, fields present
+    fields = {k: v for k, v in cfg.items() if not k.startswith("_") and k not in ("architectures", "torch_dtype")}
+    hf_cfg = transformers.AutoConfig.for_model(**fields)
+    hf_cfg._attn_implementation = "sdpa" if attention == "flash" else attention
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    model.config._attn_implementation = hf_cfg._attn_implementation
+    return model
+
+
+def measure_hf_config(
+    config: str | Path | dict, *, seq_len: int, batch_size: int = 1, precision: str = "fp32",
+    attention: str = "sdpa", device: str = "cpu", optimizer: str = "adamw", repeats: int = 3,
+    warmup: int = 1, name: str | None = None, seed: int = 0,
+):
+    """The measured profile (`memplan.profiler.measure.profile_chain`) of the model `config`
+    describes, built with random weights and cut by `cut_decoder`, on a random batch of
+    `batch_size` x `seq_len` tokens under `precision` (bf16: bf16 parameters; mixed: autocast).
+
+    Returns a `Profile` whose stages are the cut's (embedding, each layer, head). profile_chain
+    passes one tensor between stages and a decoder cut a pair (hidden states, the per-layer
+    arguments the embedding made), so each stage is wrapped: the embedding keeps the arguments it
+    made, the later stages read them; what each stage outputs and saves is unchanged."""
+    import torch
+    import torch.nn as nn
+    from memplan.profiler.cut import cut_decoder
+    from memplan.profiler.measure import profile_chain
+    from memplan.profiler.precision import policy_dtypes
+
+    if precision not in _POLICY_BYTES:
+        raise ProfileError(f"precision: choose one of {', '.join(_POLICY_BYTES)}, not {precision!r}")
+    param_dtype, compute_dtype = policy_dtypes(precision)
+    model = hf_model(config, attention=attention, seed=seed)
+    if param_dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
+    model.to(device).train()
+    stages = cut_decoder(model)
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, vocab, (batch_size, seq_len), generator=g).to(device)
+    held: dict = {}
+
+    class _Embed(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            hidden, batch = self.inner({"input_ids": x, "labels": ids})
+            held["batch"] = batch
+            return hidden
+
+    class _Later(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, h):
+            out = self.inner((h, held["batch"]))
+            return out[0] if isinstance(out, tuple) else out
+
+    wrapped = [_Embed(stages[0]), *(_Later(s) for s in stages[1:])]
+    autocast = compute_dtype if compute_dtype != param_dtype else None
+    shape = decoder_shape(_load(config))
+    return profile_chain(
+        wrapped, ids, device=device, repeats=repeats, warmup=warmup, timing="stage",
+        autocast_dtype=autocast, optimizer=optimizer, names=[s.memplan_name for s in stages],
+        name=name or f"{shape.model_type}-{shape.n_layer}x{shape.hidden_size}",
+        meta={"config": {"family": "hf", **shape.as_dict(), "seq_len": seq_len, "batch_size": batch_size},
+              "attention_backend": attention, "hf_input": "input_ids only (labels held by the head)"})

@@ -19,7 +19,7 @@ from memplan.service.jobs.store import JobStore
 from memplan.service.jobs.supervisor import WorkerSupervisor
 from memplan.service.limits import BodyLimitMiddleware
 from memplan.service.problems import Problem, install_problem_handlers
-from memplan.service.routers import health, plans, profiles, runs, sizing, sweeps, ui
+from memplan.service.routers import capacity, health, plans, profiles, runs, sizing, sweeps, ui
 from memplan.service.settings import Settings, get_settings
 
 __all__ = ["app", "create_app", "HeadMiddleware"]
@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.started_at = time.time()  # health's uptime reads it here (no import of this module)
     install_problem_handlers(app)
-    for module in (health, plans, sizing, profiles, runs, sweeps, ui):
+    for module in (health, plans, sizing, capacity, profiles, runs, sweeps, ui):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(HeadMiddleware, app_routes=app.router.routes)

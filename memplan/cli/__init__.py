@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from memplan.cli import capacity as _capacity  # noqa: F401  (registers capacity)
 from memplan.cli import frontier as _frontier  # noqa: F401  (registers frontier)
 from memplan.cli import plan as _plan  # noqa: F401  (registers plan, simulate)
 from memplan.cli import profile as _profile  # noqa: F401  (registers profile)

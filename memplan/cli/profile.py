@@ -24,6 +24,11 @@ def _ints(text: str | None, *, field: str) -> tuple[int, ...] | None:
 @user_errors
 def profile_cmd(
     model: Annotated[str, typer.Option(help="built-in family: gpt or conv")] = "gpt",
+    hf_config: Annotated[
+        Path | None, typer.Option(help="a Hugging Face decoder's config.json instead of --model "
+                                  "(Llama, Mistral, Qwen2, Gemma, Mixtral; --seq, --batch, --attention "
+                                  "sdpa or eager); without --analytic: built with random weights and measured")
+    ] = None,
     preset: Annotated[
         str | None, typer.Option(help="gpt sizes: gpt2, gpt2-medium, gpt2-large, gpt2-xl")
     ] = None,
@@ -62,6 +67,21 @@ def profile_cmd(
     server: ServerOption = None,
 ) -> None:
     """Profile a built-in model: per-stage times, bytes and FLOPs (see docs/profiler.md)."""
+    if hf_config is not None:
+        prof = _hf_profile(hf_config, analytic=analytic, seq=seq, batch=batch, precision=precision,
+                           attention=attention, device=device, optimizer=optimizer,
+                           flops_per_s=flops_per_s, repeats=repeats, warmup=warmup, name=name,
+                           others={"--model": model if model != "gpt" else None, "--preset": preset,
+                                   "--n-layer": n_layer, "--d-model": d_model, "--n-head": n_head,
+                                   "--vocab": vocab, "--dtype": dtype, "--autocast": autocast,
+                                   "--server": server})
+        if out is not None:
+            out.write_text(prof.model_dump_json(indent=1) + "\n")
+        if json_out:
+            echo_json(prof)
+        else:
+            _print_profile(prof, out)
+        return
     dtype, autocast = _policy_dtypes(precision, dtype, autocast)
     fields: dict = {"dtype": dtype}
     if model == "gpt":
@@ -126,6 +146,43 @@ def profile_cmd(
         echo_json(prof)
     else:
         _print_profile(prof, out)
+
+
+def _hf_profile(path: Path, *, analytic, seq, batch, precision, attention, device, optimizer,
+                flops_per_s, repeats, warmup, name, others):
+    """The profile of the Hugging Face decoder `path` describes: analytic
+    (memplan.profiler.hf_config.hf_analytic_profile) or measured on a model built from it."""
+    from memplan.cli._app import read_json
+    from memplan.profiler import hf_config as hf
+
+    given = [k for k, v in others.items() if v is not None]
+    if given:
+        raise ValueError(f"{given[0]}: not an option with --hf-config (the config sets the model; "
+                         "--precision sets the dtypes)")
+    if seq is None:
+        raise ValueError("--seq: give the sequence length for --hf-config (e.g. --seq 4096)")
+    cfg = read_json(path, what="--hf-config")
+    if not isinstance(cfg, dict):
+        raise ValueError(f"--hf-config: {path} holds no JSON object; give a config.json")
+    kw = dict(seq_len=seq, batch_size=batch or 1, precision=precision or "fp32",
+              attention=attention or "sdpa", optimizer=optimizer, name=name)
+    try:
+        if analytic:
+            return hf.hf_analytic_profile(cfg, flops_per_s=flops_per_s, device=device, **kw)
+        if device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("--device: CUDA is not available on this machine; use --device cpu")
+        return hf.measure_hf_config(cfg, device=device, repeats=repeats, warmup=warmup, **kw)
+    except ValueError as err:
+        text = str(err)
+        for field, option in (("seq_len", "--seq"), ("batch_size", "--batch"), ("attention", "--attention"),
+                              ("precision", "--precision"), ("config", "--hf-config")):
+            if text.startswith(field):
+                text = option + text[len(field):]
+                break
+        raise ValueError(text) from None
 
 
 def _policy_dtypes(precision: str | None, dtype: str | None,

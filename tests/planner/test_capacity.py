@@ -83,3 +83,45 @@ def test_devices_and_bad_input_name_the_field():
         capacity({"config": LLAMA7B, "memory_bytes": 10**9, "seq_len": 0})
     with pytest.raises(PlanError, match="precision"):
         capacity({"config": LLAMA7B, "memory_bytes": 10**9, "precision": "fp8"})
+
+
+def test_cli_exit_codes_and_json():
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    runner = CliRunner()
+    path = str(CONFIGS / "llama-2-7b.json")
+    res = runner.invoke(app, ["capacity", path, "--memory", "80GB", "--seq", "4096"])
+    assert res.exit_code == 1, res.output
+    assert "does not fit" in res.stdout
+    res = runner.invoke(app, ["capacity", path, "--memory", "80GB", "--seq", "4096", "--gpus", "8",
+                              "--zero-stage", "3", "--max-overhead", "30%", "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    assert got["fits"] and got["max_overhead"] == 0.3 and got["max_micro_batch"] >= 2
+    for args, field in ((["--device", "tpu"], "--device"), (["--memory", "lots"], "--memory"),
+                        (["--memory", "80GB", "--seq", "0"], "--seq"),
+                        (["--memory", "80GB", "--precision", "fp8"], "--precision")):
+        res = runner.invoke(app, ["capacity", path, *args])
+        assert res.exit_code == 2, (args, res.output)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {field}"), res.stderr
+
+
+def test_cli_profile_hf_config_analytic(tmp_path):
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(app, ["profile", "--hf-config", str(CONFIGS / "tiny-llama.json"), "--analytic",
+                                   "--seq", "12", "--batch", "2", "--precision", "bf16-mixed",
+                                   "--attention", "eager", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    prof = json.loads(out.read_text())
+    want = hf_analytic_profile(json.loads((CONFIGS / "tiny-llama.json").read_text()), seq_len=12,
+                               batch_size=2, precision="bf16-mixed", attention="eager")
+    assert [ly["saved_bytes"] for ly in prof["layers"]] == [ly.saved_bytes for ly in want.layers]
+    res = CliRunner().invoke(app, ["profile", "--hf-config", str(CONFIGS / "tiny-llama.json"), "--analytic"])
+    assert res.exit_code == 2 and res.stderr.startswith("error: --seq")

@@ -84,48 +84,12 @@ def test_bad_configs_name_the_field():
 
 
 def _measured(cfg: dict, attn: str, precision: str, B: int, T: int):
-    """profile_chain of cut_decoder's stages on a batch of B x T tokens.
+    """profile_chain of cut_decoder's stages of the real transformers model on B x T tokens."""
+    from memplan.profiler.hf_config import measure_hf_config
 
-    profile_chain passes one tensor between stages, a decoder cut a pair (hidden states, the
-    batch's per-layer arguments), so each stage is wrapped: the embedding keeps the arguments it
-    made and the later stages read them; what each stage saves and outputs is unchanged."""
-    import torch
-    import torch.nn as nn
-    from memplan.profiler.cut import cut_decoder
-    from memplan.profiler.measure import profile_chain
-
-    model = _hf_model(cfg, attn=attn)
-    if precision == "bf16":
-        model = model.to(torch.bfloat16)
-    model.train()
-    stages = cut_decoder(model)
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, cfg["vocab_size"], (B, T), generator=g)
-    held = {}
-
-    class Embed(nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, x):
-            hidden, batch = self.inner({"input_ids": x, "labels": ids})
-            held["batch"] = batch
-            return hidden
-
-    class Later(nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, h):
-            out = self.inner((h, held["batch"]))
-            return out[0] if isinstance(out, tuple) else out
-
-    wrapped = [Embed(stages[0]), *(Later(s) for s in stages[1:])]
-    autocast = "bfloat16" if precision == "bf16-mixed" else None
-    return profile_chain(wrapped, ids, repeats=1, warmup=0, timing="stage", autocast_dtype=autocast,
-                         names=[s.memplan_name for s in stages])
+    pytest.importorskip("transformers")
+    return measure_hf_config(cfg, seq_len=T, batch_size=B, precision=precision, attention=attn,
+                             repeats=1, warmup=0)
 
 
 CASES = [

@@ -1,0 +1,39 @@
+"""`POST /v1/capacity`: will a Hugging Face decoder train on these GPUs: `memplan.planner.capacity`,
+the same call as `memplan capacity`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import Response
+from memplan.planner.capacity import CapacityRequest
+from memplan.service.deps import body_openapi, json_body, require_api_key
+from memplan.service.problems import call_library, problem_responses
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/capacity", tags=["capacity"], dependencies=[Depends(require_api_key)])
+
+
+@router.post(
+    "",
+    summary="Does a Hugging Face decoder train within a GPU's memory, with which recompute; the "
+    "largest micro-batch and sequence and the fewest GPUs that fit",
+    description="The body is `memplan.planner.capacity.CapacityRequest` (the config.json as an "
+    "object, memory_bytes or a device preset, precision, seq_len, micro_batch, n_gpus, zero_stage, "
+    "max_overhead). Returns `CapacityAnswer`: `fits`, the optimal plan's peak and overhead, "
+    "`max_micro_batch`, `max_seq_len`, `min_gpus` and a row per precision policy. An answer that "
+    "does not fit is a 200 with `fits: false`; bad input is a 422 naming the field.",
+    responses={
+        200: {"description": "the answer (`CapacityAnswer`)",
+              "content": {"application/json": {"schema": {"type": "object"}}}},
+        **problem_responses(401, 413, 415, 422),
+    },
+    openapi_extra=body_openapi(CapacityRequest),
+)
+def post_capacity(body: Annotated[CapacityRequest, Depends(json_body(CapacityRequest))]) -> Response:
+    from memplan.planner.capacity import capacity
+
+    answer = call_library(capacity, body, prefix="body")
+    return Response(answer.model_dump_json(), media_type="application/json")
