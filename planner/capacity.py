@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 MAX_MICRO_BATCH = 1 << 16  # search cap: sequences per micro-batch
 MAX_SEQ_LEN = 1 << 22  # search cap: tokens per sequence
 MAX_GPUS = 1 << 16  # search cap: data-parallel GPUs
+# bytes of one parameter as the analytic profile stores it (param_bytes), per policy
+_POLICY_P = {"fp32": 4, "bf16-mixed": 4, "fp16-mixed": 4, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -255,9 +257,15 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
     store = ask.plan(B, T, n, pol, "store-all")
     fits = ask.fits(B, T, n, pol)
     prof0 = ask.profile(B, T, pol)
-    states = sharded_fixed_bytes(counts.total, n_gpus=n, zero_stage=req.zero_stage, policy=pol,
-                                 gathered_params=max(ly.param_bytes for ly in prof0.layers)
-                                 // get_policy(pol).weight_bytes).fixed_bytes
+    largest_unit = max(ly.param_bytes for ly in prof0.layers) // _POLICY_P[pol]  # elements
+
+    def states_of(name: str) -> int:
+        """Per-GPU model-state bytes under policy `name`, as the plan's shard_profile counts them
+        (ZeRO-3: plus the largest stage's weights, gathered)."""
+        return sharded_fixed_bytes(counts.total, n_gpus=n, zero_stage=req.zero_stage, policy=name,
+                                   gathered_params=largest_unit).fixed_bytes
+
+    states = states_of(pol)
     store_act = store.predicted.peak_bytes if store.predicted else _store_all_peak(ask, B, T, pol)
     mb, mb_capped = _largest(lambda b: ask.fits(b, T, n, pol), 1, MAX_MICRO_BATCH)
     sl, sl_capped = _largest(lambda t: ask.fits(B, t, n, pol), 1, MAX_SEQ_LEN)
@@ -282,8 +290,7 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
             s_all = ask.plan(B, T, n, name, "store-all")
             rows.append(PolicyRow(
                 precision=name, bytes_per_param=get_policy(name).bytes_per_param,
-                model_state_bytes=sharded_fixed_bytes(counts.total, n_gpus=n, zero_stage=req.zero_stage,
-                                                      policy=name).fixed_bytes,
+                model_state_bytes=states_of(name),
                 store_all_activation_bytes=s_all.predicted.peak_bytes if s_all.predicted
                 else _store_all_peak(ask, B, T, name),
                 fits=ask.fits(B, T, n, name),

@@ -35,6 +35,8 @@ def test_llama2_7b_fits_8_gpus_at_zero3_and_the_boundaries_are_exact():
     # layer: 4 C^2 + 3 C F + 2 C parameters, fp32 weights)
     assert a.model_state_bytes == 16 * N7B // 8 + 4 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096)
     mb = a.max_micro_batch
+    z3 = capacity({**base, "policies": True})
+    assert {r.precision: r.model_state_bytes for r in z3.policies}["bf16-mixed"] == a.model_state_bytes
     assert mb >= 2 and not a.max_micro_batch_capped
     at = capacity({**base, "micro_batch": mb})
     over = capacity({**base, "micro_batch": mb + 1})
@@ -68,6 +70,7 @@ def test_policy_table_orders_policies_by_their_bytes():
     rows = {r.precision: r for r in a.policies}
     assert set(rows) == {"fp32", "bf16-mixed", "fp16-mixed", "bf16"}
     assert rows["bf16"].model_state_bytes == 8 * N7B and rows["bf16-mixed"].model_state_bytes == 16 * N7B
+    assert rows["bf16-mixed"].model_state_bytes == a.model_state_bytes
     assert rows["bf16"].fits and rows["bf16-mixed"].fits  # 141 GiB holds 108 GB of states
     assert rows["bf16"].max_micro_batch > rows["bf16-mixed"].max_micro_batch >= 1
     assert a.memory_bytes == 141 * 2**30 and a.assumptions["peak_flops"] == 989e12
