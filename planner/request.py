@@ -30,6 +30,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 __all__ = [
     "MAX_BUDGET_BYTES",
@@ -236,7 +237,22 @@ class PlanRequest(BaseModel):
             return value
         if isinstance(value, _Options):
             value = value.model_dump(exclude_unset=True)
-        return model.model_validate(value)
+        strategy = info.data.get("strategy", "optimal")
+        try:
+            return model.model_validate(value)
+        except ValidationError as err:  # an unknown option: say which ones the strategy takes
+            takes = ", ".join(model.model_fields) or "none"
+            details = []
+            for e in err.errors(include_url=False):
+                if e["type"] == "extra_forbidden":
+                    kind: Any = PydanticCustomError(
+                        "option_not_taken",
+                        "strategy '{strategy}' takes no such option; it takes {takes}",
+                        {"strategy": strategy, "takes": takes})
+                else:
+                    kind = PydanticCustomError(e["type"], e["msg"], e.get("ctx"))
+                details.append({"type": kind, "loc": e["loc"], "input": e.get("input")})
+            raise ValidationError.from_exception_data(err.title, details) from None
 
     @field_validator("checkpoint_dtype")
     @classmethod
@@ -298,17 +314,9 @@ def plan_error(err: ValidationError, data: Any = None) -> PlanError:
         if msg.startswith(f"{name}: "):
             msg = msg[len(name) + 2:]
         return PlanError(msg, field=field)
+    if kind == "option_not_taken":
+        return PlanError(str(e.get("msg")), field=field)
     if kind == "extra_forbidden":
-        if len(loc) == 2 and loc[0] == "options":
-            strategy = data.get("strategy") if isinstance(data, dict) else None
-            strategy = strategy or "optimal"
-            model = OPTIONS.get(strategy)
-            takes = list(model.model_fields) if model else []
-            return PlanError(
-                f"strategy {strategy!r} takes no such option"
-                + (f"; it takes {', '.join(takes)}" if takes else "; it takes none"),
-                field=field,
-            )
         return PlanError("unknown field; remove it (check the spelling)", field=field)
     if kind == "missing":
         return PlanError("field required", field=field)

@@ -86,7 +86,7 @@ def test_options_are_typed_per_strategy(client, profile):
     r = client.post("/v1/plans", json={"profile": profile, "strategy": "sqrt", "options": {"k": 3}})
     problem = _problem(r, 422)
     assert problem["errors"][0]["field"] == "body.options.k"
-    assert "unknown field" in problem["detail"]
+    assert "strategy 'sqrt' takes no such option; it takes none" in problem["detail"]
     r = client.post("/v1/plans", json={"profile": profile, "strategy": "uniform", "options": {"k": 7}})
     problem = _problem(r, 422)
     assert problem["errors"][0]["field"] == "body.options.k" and "1..6" in problem["detail"]
