@@ -210,6 +210,8 @@ def test_stress_with_worker_kills(tmp_path):
     assert all(state in TERMINAL for state in stored.values())
     assert {j: n for j, n in ends.items() if n != 1} == {}, "a job ended more than once"
     assert set(ends) == set(stored)
+    print(f"stress: {sum(traffic.codes.values())} requests {dict(sorted(traffic.codes.items()))}, "
+          f"{len(traffic.jobs)} jobs accepted ({Counter(stored.values())}), {len(kills)} worker kills")
     # enough traffic to mean something, on any machine
     assert sum(n for (w, code), n in traffic.codes.items() if w == "plan") >= 10
     assert len(traffic.jobs) >= 10
