@@ -31,6 +31,10 @@ def run_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="print the RunReport as JSON")] = False,
     plot: Annotated[Path | None, typer.Option(help="draw predicted against measured memory per op "
                     "as a PNG here (and keep the timeline JSON, and on CUDA the allocator snapshot)")] = None,
+    hf_config: Annotated[Path | None, typer.Option(
+        "--hf-config", help="a Hugging Face causal LM's config.json: build it (random weights), "
+        "auto_checkpoint it and run a plain training loop (uses --batch, --seq, --budget, "
+        "--strategy, --steps)")] = None,
     server: ServerOption = None,
 ) -> None:
     """Profile, plan, run and compare a built-in model: predicted against measured.
@@ -40,6 +44,11 @@ def run_cmd(
     from memplan.executor.pipeline import RunSpec, run_builtin
     from memplan.executor.report import InfeasiblePlanError
     from memplan.planner.units import parse_bytes
+
+    if hf_config is not None:
+        _run_hf(hf_config, batch=batch, seq=seq, budget=budget, strategy=strategy, steps=steps,
+                json_out=json_out)
+        return
 
     spec = RunSpec(model=model, n_layer=n_layer, n_embd=d_model, n_head=n_head, block_size=seq,
                    vocab_size=vocab, batch_size=batch, dropout=dropout,
@@ -85,6 +94,35 @@ def run_cmd(
         for path in plot_run(spec, kept["profile"], kept["plan"], plot):
             typer.echo(f"kept: {path}", err=True)
     if report.status != "ok":
+        raise typer.Exit(1)
+
+
+def _run_hf(path: Path, *, batch: int, seq: int, budget: str | None, strategy: str, steps: int,
+            json_out: bool) -> None:
+    """`--hf-config`: executor/install.py's run_hf_config, printed; exit 1 when infeasible or
+    when the measured peak is more than 2% from the prediction."""
+    from memplan.executor.install import run_hf_config
+    from memplan.executor.report import InfeasiblePlanError
+    from memplan.planner.units import format_bytes, parse_bytes
+
+    try:
+        run = run_hf_config(path, batch_size=batch, seq=seq, strategy=strategy, steps=steps,
+                            budget=parse_bytes(budget, field="--budget") if budget else None)
+    except InfeasiblePlanError as err:
+        typer.echo(f"infeasible: {err}", err=True)
+        raise typer.Exit(1) from None
+    if json_out:
+        echo_json(run.as_dict())
+    else:
+        out = console()
+        out.print(f"{run.model} ({run.n_params:,} parameters), {run.strategy} plan, recomputes "
+                  f"stages {run.recomputed}; losses {', '.join(f'{v:.4f}' for v in run.losses)}")
+        out.print(f"peak activations: {format_bytes(run.predicted_peak_bytes)} predicted, "
+                  f"{format_bytes(run.measured_peak_bytes)} measured ({run.peak_error_pct:+.2f}%); "
+                  f"store-all {format_bytes(run.store_all_peak_bytes)}")
+        out.print(f"step: {run.predicted_step_s * 1e3:.1f} ms predicted, "
+                  f"{run.measured_step_s * 1e3:.1f} ms measured")
+    if run.peak_error_pct is None or abs(run.peak_error_pct) > 2.0:
         raise typer.Exit(1)
 
 
