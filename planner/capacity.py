@@ -173,7 +173,16 @@ class _Asker:
         return self.cache[key]
 
     def fits(self, B: int, T: int, n: int, precision: str) -> bool:
-        p = self.plan(B, T, n, precision)
+        """Whether the optimal plan at (B, T, n, precision) fits. A size whose profile is beyond
+        the profile's ceilings (NOTE [ ceilings ] in profiler/schema.py) does not fit: searches
+        pass through such sizes; the asked size itself is planned first, so its errors surface."""
+        from memplan.profiler.schema import ProfileError
+        from pydantic import ValidationError
+
+        try:
+            p = self.plan(B, T, n, precision)
+        except (ProfileError, ValidationError):
+            return False
         if not p.feasible or p.predicted is None:
             return False
         cap = self.req.max_overhead

@@ -190,7 +190,10 @@ def decoder_shape(config: str | Path | dict) -> DecoderShape:
     E = _int(cfg, "num_experts")
     k = _int(cfg, "num_experts_per_tok")
     step = _int(cfg, "decoder_sparse_step", default=1)
-    dense_only = set(cfg.get("mlp_only_layers") or [])
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise ProfileError(f"config.mlp_only_layers: expected a list of layer indices, got {only!r}")
+    dense_only = set(only)
     moe = tuple((i not in dense_only) and (i + 1) % step == 0 for i in range(L))
     return DecoderShape(**base, intermediate_size=_int(cfg, "intermediate_size"), n_experts=E,
                         top_k=k, expert_intermediate_size=_int(cfg, "moe_intermediate_size"),
@@ -377,6 +380,22 @@ def hf_analytic_profile(
     `input_bytes` the batch's input_ids and labels (int64); `fixed_bytes` the model states
     `precision` keeps (weights, gradients, optimizer state; memplan.planner.precision) plus AdamW's
     per-tensor step counters on the CPU. Raises `ProfileError` naming the field on bad input."""
+    from pydantic import ValidationError
+
+    try:
+        return _hf_analytic_profile(config, seq_len=seq_len, batch_size=batch_size,
+                                    precision=precision, attention=attention, optimizer=optimizer,
+                                    flops_per_s=flops_per_s, device=device, name=name)
+    except ValidationError as err:  # a size beyond the profile's ceilings (NOTE [ ceilings ])
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ProfileError(
+            f"seq_len, batch_size: the profile's {where} exceeds memplan's ceilings ({first['msg']}; "
+            "NOTE [ ceilings ] in profiler/schema.py); give a smaller model, batch or sequence") from None
+
+
+def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, optimizer, flops_per_s,
+                         device, name):
     s = config if isinstance(config, DecoderShape) else decoder_shape(config)
     if s.family in ("gpt2", "gpt_neox"):
         raise ProfileError(f"config.model_type: the analytic profile covers Llama-style decoders and "

@@ -86,6 +86,14 @@ def test_devices_and_bad_input_name_the_field():
         capacity({"config": LLAMA7B, "memory_bytes": 10**9, "seq_len": 0})
     with pytest.raises(PlanError, match="precision"):
         capacity({"config": LLAMA7B, "memory_bytes": 10**9, "precision": "fp8"})
+    huge = {**json.loads((CONFIGS / "tiny-llama.json").read_text()), "vocab_size": 2**45}
+    with pytest.raises(ValueError, match="^seq_len, batch_size: the profile's .*ceilings"):
+        capacity({"config": huge, "memory_bytes": 2**60})  # one line, naming what to shrink
+    # searches pass through sizes beyond the ceilings: they do not fit
+    tiny = json.loads((CONFIGS / "tiny-llama.json").read_text())
+    a = capacity({"config": tiny, "memory_bytes": 2**60, "seq_len": 2**22, "micro_batch": 2**16,
+                  "policies": False})
+    assert a.fits and a.max_micro_batch == 2**16 and a.max_micro_batch_capped
 
 
 def test_cli_exit_codes_and_json():
@@ -128,3 +136,36 @@ def test_cli_profile_hf_config_analytic(tmp_path):
     assert [ly["saved_bytes"] for ly in prof["layers"]] == [ly.saved_bytes for ly in want.layers]
     res = CliRunner().invoke(app, ["profile", "--hf-config", str(CONFIGS / "tiny-llama.json"), "--analytic"])
     assert res.exit_code == 2 and res.stderr.startswith("error: --seq")
+
+
+def test_1f1b_in_flight_equals_a_simulation_of_the_schedule():
+    """NOTE [ 1F1B in flight ]: stage p holds min(P - p, M) micro-batches, and the makespan is
+    (M + P - 1)(f + b), in an event simulation of every (P, M) up to 8 stages and 12 micro-batches."""
+    from memplan.planner.pipeline_parallel import in_flight, one_f_one_b, simulate_1f1b
+
+    for P in range(1, 9):
+        for M in range(1, 13):
+            sim = simulate_1f1b(P, M, forward_s=1.0, backward_s=2.0)
+            assert list(sim.max_in_flight) == [in_flight(P, M, p) for p in range(P)], (P, M)
+            assert sim.makespan_s == (M + P - 1) * 3.0, (P, M)
+    # every stage runs each micro-batch's forward and backward once, forward first
+    for ops in one_f_one_b(4, 6):
+        assert sorted(ops) == sorted([("F", m) for m in range(6)] + [("B", m) for m in range(6)])
+        assert all(ops.index(("F", m)) < ops.index(("B", m)) for m in range(6))
+
+
+def test_pipeline_stage_bytes_of_llama2_7b():
+    from memplan.planner.pipeline_parallel import pipeline_stage_bytes, split_layers
+
+    prof = hf_analytic_profile(LLAMA7B, seq_len=4096, batch_size=1, precision="bf16-mixed")
+    stages = pipeline_stage_bytes(prof, 4, 8)
+    assert [s["in_flight"] for s in stages] == [4, 3, 2, 1]
+    per_layer = prof.layers[1].saved_bytes + prof.layers[1].output_bytes
+    embed = prof.layers[0].saved_bytes + prof.layers[0].output_bytes
+    head = prof.layers[-1].saved_bytes + prof.layers[-1].output_bytes
+    assert stages[0]["activation_bytes"] == 4 * (embed + 8 * per_layer)
+    assert stages[3]["activation_bytes"] == 1 * (8 * per_layer + head)
+    assert sum(s["param_bytes"] for s in stages) == 4 * N7B
+    assert [len(r) for r in split_layers(10, 4)] == [3, 3, 2, 2]
+    with pytest.raises(PlanError, match="pp"):
+        split_layers(2, 3)

@@ -1,0 +1,137 @@
+"""Pipeline parallelism's memory: the 1F1B schedule, the micro-batches each stage holds in flight,
+and each pipeline stage's activation and model-state bytes.
+
+NOTE [ 1F1B in flight ]
+Under the non-interleaved 1F1B schedule (PipeDream-Flush; Narayanan et al. 2021, "Efficient
+large-scale language model training on GPU clusters using Megatron-LM", section 2.2.1) with P
+pipeline stages and M micro-batches, stage p (0-based) runs min(P - p - 1, M) warm-up forwards,
+then alternates one forward and one backward, then drains its backwards. So it holds at most
+min(P - p, M) micro-batches' activations at once: the first stage P, the last one. memplan states
+this as a formula (`in_flight`) and checks it against an event simulation of the schedule
+(`simulate_1f1b`: each op waits for its stage's previous op and for its data, the forward of the
+stage before or the backward of the stage after), which also gives the schedule's makespan,
+(M + P - 1)(f + b) for uniform stage times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.planner.schema import PlanError
+
+__all__ = ["one_f_one_b", "in_flight", "simulate_1f1b", "PipelineSimulation", "split_layers",
+           "pipeline_stage_bytes"]
+
+
+def _check(P: int, M: int) -> None:
+    for name, v in (("pp", P), ("micro_batches", M)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise PlanError(f"{name}: expected an integer >= 1, got {v!r}")
+
+
+def one_f_one_b(P: int, M: int) -> list[list[tuple[str, int]]]:
+    """The 1F1B order of ops for each of `P` stages over `M` micro-batches: per stage a list of
+    ("F", m) and ("B", m), m 0-based (NOTE [ 1F1B in flight ])."""
+    _check(P, M)
+    orders = []
+    for p in range(P):
+        warm = min(P - p - 1, M)
+        ops = [("F", m) for m in range(warm)]
+        f, b = warm, 0
+        while f < M:
+            ops += [("F", f), ("B", b)]
+            f, b = f + 1, b + 1
+        ops += [("B", m) for m in range(b, M)]
+        orders.append(ops)
+    return orders
+
+
+def in_flight(P: int, M: int, p: int) -> int:
+    """Micro-batches whose activations stage `p` (0-based) of `P` holds at most under 1F1B with
+    `M` micro-batches: min(P - p, M)."""
+    _check(P, M)
+    if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < P:
+        raise PlanError(f"stage: expected 0 <= stage < pp ({P}), got {p!r}")
+    return min(P - p, M)
+
+
+@dataclass(frozen=True)
+class PipelineSimulation:
+    """What an event simulation of a pipeline schedule gives."""
+
+    max_in_flight: tuple[int, ...]  # per stage: most micro-batches forwarded, not yet backwarded
+    makespan_s: float  # seconds from the first forward to the last backward
+
+
+def simulate_1f1b(P: int, M: int, *, forward_s: float = 1.0, backward_s: float = 2.0) -> PipelineSimulation:
+    """Run the 1F1B schedule of `P` stages and `M` micro-batches as events (each stage one op at a
+    time, in its order; F(p, m) after F(p-1, m), B(p, m) after B(p+1, m) and F(p, m)), with
+    uniform op times in seconds. Returns the per-stage most micro-batches in flight and the
+    makespan (seconds)."""
+    orders = one_f_one_b(P, M)
+    done: dict[tuple[str, int, int], float] = {}
+    pos, free = [0] * P, [0.0] * P
+    held, peak = [0] * P, [0] * P
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for p in range(P):
+            if pos[p] == len(orders[p]):
+                continue
+            kind, m = orders[p][pos[p]]
+            deps = [("F", p - 1, m)] if kind == "F" and p > 0 else []
+            if kind == "B":
+                deps = [("F", p, m)] + ([("B", p + 1, m)] if p < P - 1 else [])
+            if any(d not in done for d in deps):
+                continue
+            start = max([free[p], *(done[d] for d in deps)])
+            end = start + (forward_s if kind == "F" else backward_s)
+            done[(kind, p, m)] = end
+            free[p] = end
+            held[p] += 1 if kind == "F" else -1
+            peak[p] = max(peak[p], held[p])
+            pos[p] += 1
+            remaining -= 1
+            progressed = True
+        if not progressed:  # pragma: no cover - the 1F1B order never deadlocks
+            raise PlanError("schedule: deadlock (an op waits on one that comes later)")
+    return PipelineSimulation(max_in_flight=tuple(peak), makespan_s=max(done.values()))
+
+
+def split_layers(n_layers: int, P: int) -> list[range]:
+    """The decoder layers of each of `P` pipeline stages: contiguous, the first n_layers % P
+    stages one layer more."""
+    _check(P, 1)
+    if P > n_layers:
+        raise PlanError(f"pp: {P} pipeline stages for {n_layers} layers; use at most {n_layers}")
+    q, r = divmod(n_layers, P)
+    out, start = [], 0
+    for p in range(P):
+        size = q + (1 if p < r else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+def pipeline_stage_bytes(profile, P: int, M: int) -> list[dict]:
+    """Per pipeline stage of a decoder profile (embedding, layers, head as `hf_analytic_profile`
+    makes it) split over `P` stages: its layers, parameter bytes, and the activation bytes it
+    holds with nothing recomputed: min(P - p, M) micro-batches of its chain stages' saved and
+    output bytes (the embedding on stage 0, the head on stage P - 1). Returns one dict per stage
+    (bytes)."""
+    _check(P, M)
+    layers = profile.layers
+    blocks = [i for i, ly in enumerate(layers) if ly.kind == "block"]
+    parts = split_layers(len(blocks), P)
+    out = []
+    for p, part in enumerate(parts):
+        idx = [blocks[i] for i in part]
+        if p == 0:
+            idx = [i for i, ly in enumerate(layers) if ly.kind == "embed"] + idx
+        if p == P - 1:
+            idx = idx + [i for i, ly in enumerate(layers) if ly.kind == "head"]
+        per_mb = sum(layers[i].saved_bytes + layers[i].output_bytes for i in idx)
+        k = in_flight(P, M, p)
+        out.append({"stage": p, "layers": [layers[i].name for i in idx], "in_flight": k,
+                    "activation_bytes": k * per_mb, "param_bytes": sum(layers[i].param_bytes for i in idx)})
+    return out
