@@ -117,7 +117,7 @@ SWEEP = {
         {"label": "gpt3x32", "config": {"n_layer": 3, "n_embd": 32, "n_head": 2, "block_size": 16,
                                         "vocab_size": 64, "batch_size": 2, "dropout": 0.0}},
     ],
-    "budgets_bytes": [None, 112_000],
+    "budgets_bytes": [None, 116_000],  # above gpt3x32 uniform's least peak (115,588 on the math path the cell runs)
     "strategies": ["optimal", "uniform"],
     "precisions": ["fp32"],
     "profile": "analytic",
