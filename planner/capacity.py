@@ -27,13 +27,15 @@ from memplan.planner.schema import PlanError
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["DevicePreset", "DEVICES", "device_preset", "CapacityRequest", "CapacityAnswer",
-           "PolicyRow", "capacity", "MAX_MICRO_BATCH", "MAX_SEQ_LEN", "MAX_GPUS"]
+           "PolicyRow", "capacity", "MAX_MICRO_BATCH", "MAX_SEQ_LEN", "MAX_GPUS", "MAX_LAYERS"]
 
 log = logging.getLogger(__name__)
 
 MAX_MICRO_BATCH = 1 << 16  # search cap: sequences per micro-batch
 MAX_SEQ_LEN = 1 << 22  # search cap: tokens per sequence
 MAX_GPUS = 1 << 16  # search cap: data-parallel GPUs
+MAX_LAYERS = 1024  # decoder layers an answer plans (published decoders have at most ~130); each
+# answer makes ~40 optimal plans of layers + 2 stages
 # bytes of one parameter as the analytic profile stores it (param_bytes), per policy
 _POLICY_P = {"fp32": 4, "bf16-mixed": 4, "fp16-mixed": 4, "bf16": 2}
 
@@ -258,6 +260,10 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
         raise PlanError(f"attention: choose sdpa or eager, not {req.attention!r}")
     peak = req.peak_flops or (preset.peak_bf16_flops if preset else 1e15)
     ask = _Asker(req, memory, peak * req.utilization)
+    if ask.shape.n_layer > MAX_LAYERS:
+        raise PlanError(f"config.num_hidden_layers: {ask.shape.n_layer} layers is over the {MAX_LAYERS} "
+                        "a capacity answer plans; profile and plan the model instead (memplan profile "
+                        "--hf-config, memplan plan)")
     B, T, n, pol = req.micro_batch, req.seq_len, req.n_gpus, req.precision
     from memplan.profiler.hf_config import param_counts
 

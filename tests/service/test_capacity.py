@@ -35,6 +35,7 @@ def test_bad_input_is_a_422_naming_the_field(client):
         ({"config": {"model_type": "bert"}, "memory_bytes": 10**9}, "model_type"),
         ({"config": LLAMA7B, "memory_bytes": 10**9, "precision": "fp8"}, "precision"),
         ({"config": LLAMA7B, "memory_bytes": "80GB"}, "memory_bytes"),
+        ({"config": {**LLAMA7B, "num_hidden_layers": 10**6}, "memory_bytes": 10**9}, "num_hidden_layers"),
     ):
         r = client.post("/v1/capacity", json=body)
         assert r.status_code == 422, (body, r.text)
