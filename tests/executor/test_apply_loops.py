@@ -109,3 +109,54 @@ def test_memplan_run_hf_config(tmp_path):
     assert out["recomputed"] and len(out["losses"]) == 2
     res = runner.invoke(app, ["run", "--hf-config", str(tmp_path / "missing.json")])
     assert res.exit_code == 2 and "--hf-config" in res.output
+
+
+def _ddp_rank(rank: int, world: int, tmp: str) -> None:
+    """One rank: the same Llama with a plan installed and without, each wrapped in DDP, three SGD
+    steps on this rank's batches; the two loss curves written to a file."""
+    import json
+
+    import torch.distributed as dist
+    from memplan.executor.apply import profile_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
+    try:
+        model = tiny_lm("llama", "sdpa", n_layer=4, width=32).train()
+        model.config.use_cache = False
+        ref = copy.deepcopy(model)
+        b = lm_batch(2, 16, seed=rank)
+        prof = profile_model(model, b, repeats=1, warmup=0)
+        p = auto_checkpoint(model, b, profile=prof,
+                            budget=int(0.4 * plan(prof, strategy="store-all").predicted.peak_bytes))
+        curves = []
+        for m in (model, ref):
+            ddp = torch.nn.parallel.DistributedDataParallel(m)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+            curve = []
+            for step in range(3):
+                opt.zero_grad()
+                loss = ddp(**lm_batch(2, 16, seed=10 * step + rank)).loss
+                loss.backward()
+                opt.step()
+                curve.append(loss.item())
+            curves.append(curve)
+        with open(f"{tmp}/rank{rank}.json", "w") as f:
+            json.dump({"curves": curves, "recomputed": p.recomputed}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ddp_two_gloo_processes(tmp_path):
+    """DDP over 2 gloo processes on the CPU: the planned model's loss curve on each rank equals
+    the unmodified model's (gradients all-reduced across ranks)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.spawn(_ddp_rank, args=(2, str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        out = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert out["recomputed"]
+        assert out["curves"][0] == out["curves"][1]
