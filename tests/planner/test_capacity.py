@@ -169,3 +169,24 @@ def test_pipeline_stage_bytes_of_llama2_7b():
     assert [len(r) for r in split_layers(10, 4)] == [3, 3, 2, 2]
     with pytest.raises(PlanError, match="pp"):
         split_layers(2, 3)
+
+
+def test_cli_profile_hf_config_measured_equals_analytic(tmp_path):
+    """Without --analytic the same flag builds the model from the config (random weights) and
+    measures it: its bytes per stage are the analytic ones."""
+    pytest.importorskip("transformers")
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    out = tmp_path / "m.json"
+    cfg = CONFIGS / "tiny-qwen2.json"
+    res = CliRunner().invoke(app, ["profile", "--hf-config", str(cfg), "--seq", "8", "--batch", "2",
+                                   "--attention", "eager", "--repeats", "1", "--warmup", "0",
+                                   "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(out.read_text())
+    want = hf_analytic_profile(json.loads(cfg.read_text()), seq_len=8, batch_size=2, attention="eager")
+    assert got["meta"]["source"].endswith("(measured)")
+    assert [(ly["output_bytes"], ly["saved_bytes"]) for ly in got["layers"]] == [
+        (ly.output_bytes, ly.saved_bytes) for ly in want.layers]
