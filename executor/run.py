@@ -32,7 +32,14 @@ from memplan.executor.compare import (
     tolerance_for,
 )
 from memplan.executor.guards import GUARDS
-from memplan.executor.report import ExecutorError, RunReport, StepRecord, error_pct
+from memplan.executor.report import (
+    PEAK_TOLERANCE_PCT,
+    ExecutorError,
+    RunReport,
+    StepRecord,
+    error_pct,
+    peak_problem,
+)
 from memplan.executor.runner import ScheduleRunner
 from memplan.planner.schema import Plan, PlanError
 from memplan.profiler.fixed import param_dtype
@@ -216,6 +223,7 @@ def run_plan(
     features: Sequence[str] = (),
     on_step: Callable[[int, int], None] | None = None,
     guards: Sequence[str] = GUARDS,
+    peak_tolerance_pct: float | None = PEAK_TOLERANCE_PCT,
 ) -> RunReport:
     """Run `plan`'s schedule over `stages` (the last returns the scalar loss) for `steps` training
     steps on `example_input`, measure its peak (bytes) and time (seconds), and compare its
@@ -225,7 +233,9 @@ def run_plan(
     every stage's output bytes; `autocast_dtype` runs forwards under autocast (float16 also scales
     the loss with a GradScaler); `guards` are on by default (switch one off only to demonstrate
     the trap it closes). Raises `ExecutorError` before anything runs when the plan does not
-    fit the model. Returns a `RunReport` (status 'mismatch' when a comparison is over tolerance).
+    fit the model. Returns a `RunReport` (status 'mismatch' when a comparison is over tolerance,
+    or the measured peak is more than `peak_tolerance_pct` percent off the prediction; None:
+    the peak is not judged).
     """
     plan, prof = check_plan(stages, plan, profile)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -359,8 +369,12 @@ def run_plan(
             else f"within tolerance {tol:.3g} of the unplanned run{unjudged}")
     else:
         message = "not compared with the unplanned step (compare=False)"
-
     pred = plan.predicted
+    peak = peak_problem(measured_peak, pred.peak_bytes if pred else None, peak_tolerance_pct)
+    if peak is not None:  # memory is judged too: a plan that does not hold its peak is no match
+        message = "; ".join([*problems, peak]) if problems else f"{peak}; {message}"
+        problems.append(peak)
+
     measured_time = statistics.median(timed) if timed else records[-1].schedule_s
     return RunReport(
         status="mismatch" if problems else "ok",
@@ -388,6 +402,7 @@ def run_plan(
         buffer_max_abs_diff=buf_diff.max_abs if buf_diff else None,
         param_max_abs_diff=param_diff.max_abs if param_diff else None,
         tolerance=tol,
+        peak_tolerance_pct=peak_tolerance_pct,
         forward_counts=runner.counts,
         guard_notes=runner.guards.notes(),
         step_records=records,

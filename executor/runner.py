@@ -68,6 +68,54 @@ def _edges(out: Any) -> list:
             for t in flat]
 
 
+# NOTE [ d_i held by autograd only ]
+# `B i` hands d_i to autograd and keeps no reference to it, so d_i is freed as soon as the stage's
+# last op that reads it has run, as in a plain loss.backward() and as the profiler measures
+# backward_temp_bytes (its seed gradient exists only inside autograd). Passing d_i to
+# torch.autograd.backward would pin it for the whole backward (the call's arguments hold it):
+# on a ResNet block, whose ReLU hands a new gradient to two convolutions, the measured peak of
+# every B i was x_i above the replay. So autograd starts from a zero scalar expanded to d_i's
+# shape (one scalar per dtype and device, kept across steps: no allocation during the step), and
+# a pre-hook on the output's node swaps d_i in, popping it from a list that holds the only
+# reference.
+_ZEROS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _zero(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero scalar of `dtype` on `device`, made once and kept (NOTE [ d_i held by autograd
+    only ]); `prepare` makes the common ones before a step is measured."""
+    key = (dtype, device)
+    if key not in _ZEROS:
+        _ZEROS[key] = torch.zeros((), dtype=dtype, device=device)
+    return _ZEROS[key]
+
+
+def _backward_handing_over(pairs: list) -> None:
+    """torch.autograd.backward from the gradient edges of `pairs` [(edge, d)], each d held by
+    autograd only (NOTE [ d_i held by autograd only ]); empties `pairs`."""
+    roots, stand_ins, handles = [], [], []
+    while pairs:
+        edge, g = pairs.pop()
+        holder = [g]
+        del g
+
+        def swap(grads, k=edge.output_nr, holder=holder):
+            grads = list(grads)
+            grads[k] = holder.pop()
+            return tuple(grads)
+
+        handles.append(edge.node.register_prehook(swap))
+        roots.append(edge)
+        d = holder[0]
+        stand_ins.append(_zero(d.dtype, d.device).expand(d.shape))
+        del d, holder
+    try:
+        torch.autograd.backward(roots, stand_ins)
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -109,6 +157,8 @@ class ScheduleRunner:
         self.guards.prepare()
         if self._loss_buf is None:
             self._loss_buf = torch.empty((), dtype=torch.float32, device=self.device)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):  # B's stand-in gradients
+            _zero(dtype, self.device)
 
     def step(self, example_input: Any, *, loss_scale: float | None = None,
              time_ops: bool = False, op_context: Callable[[int, Op], Any] | None = None
@@ -216,10 +266,10 @@ class ScheduleRunner:
             inp, edges = rec.pop(i)
             pairs = [(e, g) for e, g in zip(edges, grad[i], strict=True)
                      if e is not None and g is not None]
-            if pairs:
-                torch.autograd.backward([e for e, _ in pairs], [g for _, g in pairs])
-            del pairs, edges
             grad[i] = None
+            if pairs:
+                _backward_handing_over(pairs)
+            del pairs, edges
             flat_in, _ = tree_flatten(inp)
             grad[i - 1] = [t.grad if isinstance(t, torch.Tensor) else None for t in flat_in]
             del inp, flat_in
