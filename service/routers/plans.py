@@ -85,7 +85,7 @@ def _cache(request: Request, size: int) -> _Cache:
     return cache
 
 
-def _check_work(body: PlanRequest | FrontierRequest, settings: Settings) -> None:
+def check_work(body: PlanRequest | FrontierRequest, settings: Settings) -> None:
     """422 naming the field that drives the work when `body`'s estimate is over the limits (NOTE
     [ Plans in the API process ])."""
     work = estimate_work(body)
@@ -104,7 +104,7 @@ def _check_work(body: PlanRequest | FrontierRequest, settings: Settings) -> None
     raise ProblemError(422, msg, kind="too-much-work", errors=[FieldError(field=field, message=msg)])
 
 
-async def _bounded(request: Request, settings: Settings, fn, *args):
+async def run_bounded(request: Request, settings: Settings, fn, *args):
     """`fn(*args)` in a thread, at most `plan_concurrency` at once, 503 after `plan_timeout_s`."""
     sem = getattr(request.app.state, "plan_slots", None)
     if sem is None:
@@ -123,7 +123,7 @@ async def _bounded(request: Request, settings: Settings, fn, *args):
             ) from None
 
 
-def _check_stages(profile: Profile, max_stages: int) -> None:
+def check_stages(profile: Profile, max_stages: int) -> None:
     if profile.n_stages > max_stages:
         msg = (
             f"{profile.n_stages} stages is over this server's limit of {max_stages} "
@@ -151,9 +151,9 @@ async def create_plan(request: Request, settings: SettingsDep) -> Response:
     cached = cache.get(key)
     if cached is None:
         body = await _parse_plan(request)
-        _check_stages(body.profile, settings.max_stages)
-        _check_work(body, settings)
-        cached = await _bounded(request, settings, _plan_json, body)
+        check_stages(body.profile, settings.max_stages)
+        check_work(body, settings)
+        cached = await run_bounded(request, settings, _plan_json, body)
         cache.put(key, cached)
     return Response(cached, media_type="application/json")
 
@@ -190,10 +190,10 @@ async def create_frontier(
     settings: SettingsDep,
     accept: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Response:
-    _check_stages(body.profile, settings.max_stages)
+    check_stages(body.profile, settings.max_stages)
     media = _negotiate(accept, ("application/json", "image/png"))
-    _check_work(body, settings)
-    result = await _bounded(request, settings, _frontier, body)
+    check_work(body, settings)
+    result = await run_bounded(request, settings, _frontier, body)
     if media == "image/png":
         import tempfile
         from pathlib import Path

@@ -26,15 +26,13 @@ from memplan.planner.timeline import PlanTimeline, plan_timeline
 from memplan.profiler.schema import ProfileError, load_profile
 from memplan.service.deps import SettingsDep, body_openapi, json_body, require_api_key
 from memplan.service.problems import (
-    FieldError,
     ProblemError,
     call_library,
     library_error,
     problem_responses,
 )
-from memplan.service.routers.plans import PlanRequest
+from memplan.service.routers.plans import PlanRequest, check_stages, check_work, run_bounded
 from pydantic import BaseModel, Field
-from starlette.concurrency import run_in_threadpool
 
 from memplan import planner
 
@@ -131,23 +129,11 @@ class TimelineResponse(BaseModel):
 
 
 def _plan_with_timeline(body: PlanRequest) -> bytes:
-    kwargs: dict[str, Any] = dict(body.options)
-    if body.strategy is not None:
-        kwargs["strategy"] = body.strategy
     try:
-        plan = call_library(
-            planner.plan, body.profile, budget_bytes=body.budget_bytes, value_errors=False,
-            memory_bytes=body.memory_bytes, n_gpus=body.n_gpus, zero_stage=body.zero_stage,
-            checkpoint_dtype=body.checkpoint_dtype, tolerance=body.tolerance, **kwargs,
-        )
+        plan = call_library(planner.plan_for, body, value_errors=False)
         timeline = call_library(plan_timeline, body.profile, plan) if plan.schedule else None
-    except ProblemError:
-        raise
     except (PlanError, ProfileError) as err:
-        prefix = "body.options" if str(err).split(":", 1)[0] in body.options else "body"
-        raise library_error(err, prefix=prefix) from None
-    except TypeError as err:  # an option of the right name and the wrong type
-        raise ProblemError(422, f"options: {err}", kind="invalid-input") from None
+        raise library_error(err, prefix="body") from None
     return TimelineResponse(plan=plan, timeline=timeline).model_dump_json().encode()
 
 
@@ -160,17 +146,16 @@ _parse = json_body(PlanRequest)
     summary="A plan and its memory timeline (bytes during each op of its schedule)",
     description="The body is POST /v1/plans' body; the `plan` is the same Plan, and `timeline` "
     "its replay op by op (`memplan.planner.timeline.plan_timeline`), null when infeasible.",
-    responses=problem_responses(401, 413, 415, 422),
+    responses=problem_responses(401, 413, 415, 422, 503),
     openapi_extra=body_openapi(PlanRequest),
 )
 async def create_timeline(request: Request, settings: SettingsDep) -> Response:
+    # the plan route's limits: stages, estimated work, concurrency and time (service/routers/plans.py)
     body = await _parse(request)
-    if body.profile.n_stages > settings.max_stages:
-        msg = (f"{body.profile.n_stages} stages is over this server's limit of {settings.max_stages} "
-               "(MEMPLAN_MAX_STAGES); merge stages or plan locally")
-        raise ProblemError(422, msg, kind="too-many-stages",
-                           errors=[FieldError(field="body.profile.layers", message=msg)])
-    return Response(await run_in_threadpool(_plan_with_timeline, body), media_type="application/json")
+    check_stages(body.profile, settings.max_stages)
+    check_work(body, settings)
+    return Response(await run_bounded(request, settings, _plan_with_timeline, body),
+                    media_type="application/json")
 
 
 router = APIRouter()

@@ -143,6 +143,11 @@ def test_the_limits_are_the_servers_settings(tight_server):
         r = c.post("/v1/plans", json={"profile": make_profile(3000), "strategy": "sqrt"})
         _problem(r, 503)
         assert r.headers["retry-after"] == "1" and "MEMPLAN_PLAN_TIMEOUT_S" in r.json()["detail"]
+        # the page's timeline route plans the same request under the same limits
+        problem = _problem(c.post("/v1/plans/timeline", json=body), 422, "body.profile.layers")
+        assert "MEMPLAN_PLAN_MAX_STEPS" in problem["detail"]
+        r = c.post("/v1/plans/timeline", json={"profile": make_profile(3000), "strategy": "sqrt"})
+        _problem(r, 503)
         assert c.get("/v1/healthz").status_code == 200
 
 
