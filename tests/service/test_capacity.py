@@ -41,3 +41,13 @@ def test_bad_input_is_a_422_naming_the_field(client):
         assert r.status_code == 422, (body, r.text)
         assert r.headers["content-type"].startswith("application/problem+json")
         assert field in r.text
+
+
+def test_openapi_documents_the_route(client):
+    spec = client.get("/openapi.json").json()
+    op = spec["paths"]["/v1/capacity"]["post"]
+    assert op["security"] == [{"BearerKey": []}]
+    from memplan.planner.capacity import CapacityRequest
+
+    props = spec["components"]["schemas"]["CapacityRequest"]["properties"]
+    assert props.keys() == CapacityRequest.model_json_schema()["properties"].keys()
