@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from memplan.service.deps import SettingsDep, StoreDep, require_api_key
+from memplan.service.jobs.admission import job_memory_limit
 from memplan.service.problems import problem_response, problem_responses
 from pydantic import BaseModel, Field
 
@@ -46,6 +47,11 @@ class Limits(BaseModel):
     plan_max_table_bytes: int = Field(description="a plan's estimated tables, bytes; more: 422")
     plan_timeout_s: float = Field(description="a plan not done by then: 503")
     plan_concurrency: int = Field(description="plans computed at once")
+    job_max_bytes: int | None = Field(
+        description="bytes one job may use (its estimate above: 422; its process above: stopped)"
+    )
+    job_cpu_flops_per_s: float = Field(description="a job's time is estimated at this rate on a CPU")
+    job_gpu_flops_per_s: float = Field(description="a job's time is estimated at this rate on a GPU")
 
 
 class Info(BaseModel):
@@ -157,6 +163,9 @@ def info(request: Request, settings: SettingsDep, store: StoreDep) -> Info:
             plan_max_table_bytes=settings.plan_max_table_bytes,
             plan_timeout_s=settings.plan_timeout_s,
             plan_concurrency=settings.plan_concurrency,
+            job_max_bytes=job_memory_limit(settings),
+            job_cpu_flops_per_s=settings.job_cpu_flops_per_s,
+            job_gpu_flops_per_s=settings.job_gpu_flops_per_s,
         ),
         auth_required=settings.api_key is not None,
         strategies=list(planner.STRATEGIES),

@@ -261,6 +261,12 @@ def test_info_documents_the_limits(client):
     assert limits["max_size_bytes"] == 2**53 and limits["max_profile_bytes"] == 2**58
     assert limits["max_budget_bytes"] == 2**60 and limits["max_json_depth"] == 32
     assert limits["plan_max_steps"] > 0 and limits["plan_timeout_s"] > 0
+    from memplan.service.jobs.admission import job_memory_limit
+    from memplan.service.settings import Settings
+
+    # the job limits the admission checks are the ones /v1/info states
+    assert limits["job_max_bytes"] == job_memory_limit(Settings()) and limits["job_max_bytes"] > 0
+    assert limits["job_cpu_flops_per_s"] == Settings().job_cpu_flops_per_s
     info = client.get("/v1/info").json()
     assert info["uptime_s"] >= 0
     # found under their memplan names (the features were all false after the rename)
