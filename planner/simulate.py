@@ -1,6 +1,6 @@
 """Replay a schedule under the chain model: the single source of every time and peak memplan predicts.
 
-Rules: docs/chain-model.md, "The operations of a schedule". Memory is counted in bytes
+Rules: docs/chain-model.md, section 5 ("The rules of the replay"). Memory is counted in bytes
 above `fixed_bytes`; `a_0` (the input) is live throughout.
 """
 
