@@ -160,3 +160,30 @@ def test_ddp_two_gloo_processes(tmp_path):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert out["recomputed"]
         assert out["curves"][0] == out["curves"][1]
+
+
+def test_a_model_that_keeps_a_kv_cache_by_default():
+    """NOTE [ No KV cache in a training step ]: with the config's use_cache left on (Hugging Face's
+    default), the installed model's steps run without the cache: gradients equal the unmodified
+    model's and the peak is the predicted one (a recomputed layer appending to the cache gave
+    wrong gradients and an unpredicted peak)."""
+    torch.set_num_threads(1)
+    model = tiny_lm("llama", "sdpa", n_layer=6, width=64).train()
+    assert model.config.use_cache
+    ref = copy.deepcopy(model)
+    batch = lm_batch(4, 32, seed=300)
+    from memplan.executor.apply import profile_model
+
+    prof = profile_model(model, batch, repeats=1, warmup=0)
+    auto_checkpoint(model, batch, profile=prof,
+                    budget=int(0.3 * plan(prof, strategy="store-all").predicted.peak_bytes))
+    try:
+        for m in (model, ref):
+            m.zero_grad()
+            m(**batch).loss.backward()  # the plain call: use_cache not passed
+        for a, b in zip(_grads(model), _grads(ref), strict=True):
+            assert torch.equal(a, b)
+        m = measure_step(model, batch, time_steps=0)
+        assert abs(m.peak_error_pct) <= 2.0, m.message
+    finally:
+        remove_checkpoint(model)
