@@ -356,10 +356,7 @@ def profile_model(
     whether there is a prefix stage). Raises `InstallError` when the blocks do not form a chain."""
     from memplan.profiler.memory import measure_memory
 
-    try:
-        from memplan.profiler.fixed import optimizer_state_bytes
-    except ImportError:  # before the profiler's fixed-memory module was split out of measure.py
-        from memplan.profiler.measure import optimizer_state_bytes
+    from memplan.profiler.fixed import optimizer_state_bytes
 
     if not isinstance(repeats, int) or repeats < 1:
         raise InstallError(f"repeats: must be an integer >= 1, got {repeats!r}")
