@@ -61,6 +61,14 @@ def fitted_table(title: str, cols: list[Col], rows: list[list[str]], *, width: i
     room = width - fixed - 3 * len(keep) - 1
     caption = (f"not shown at {width} columns: {', '.join(dropped)} (widen the terminal or use "
                "--json)") if dropped else None
+    # the room for names, shared narrowest need first: a column that needs less than an equal
+    # share leaves the rest to the wider ones
+    text_width: dict[int, int] = {}
+    left = room
+    for n, i in enumerate(sorted(text, key=lambda i: _need(cols[i], cells[i]))):
+        share = max(MIN_TEXT_WIDTH, left // (len(text) - n))
+        text_width[i] = min(share, _need(cols[i], cells[i]))
+        left -= text_width[i]
     table = Table(title=title, caption=caption, **table_options)
     for i in keep:
         col = cols[i]
@@ -68,9 +76,7 @@ def fitted_table(title: str, cols: list[Col], rows: list[list[str]], *, width: i
             table.add_column(col.header, justify="right", no_wrap=True,
                              width=_need(col, cells[i]))
         else:
-            share = max(MIN_TEXT_WIDTH, room // max(len(text), 1))
-            table.add_column(col.header, justify="left", overflow="fold",
-                             max_width=min(share, _need(col, cells[i])))
+            table.add_column(col.header, justify="left", overflow="fold", max_width=text_width[i])
     for r in range(len(rows)):
         table.add_row(*(cells[i][r] for i in keep))
     return table

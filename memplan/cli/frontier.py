@@ -54,24 +54,19 @@ def frontier_cmd(
 
 
 def _print(result, plot) -> None:
-    from rich.table import Table
-
+    from memplan.cli._tables import Col, fitted_table
     from memplan.planner.units import format_bytes
 
     out = console()
-    table = Table(title=f"{result.profile_name}: memory-time frontier ({result.mode})")
-    for col in ("peak", "bytes", "time", "overhead"):
-        table.add_column(col, justify="right")
-    for p in result.points:
-        table.add_row(format_bytes(p.peak_bytes), str(p.peak_bytes), f"{p.time_s:.6g} s",
-                      f"+{p.overhead:.1%}")
-    out.print(table)
-    base = Table(title="baselines")
-    for col in ("strategy", "peak", "time", "overhead", "dominated"):
-        base.add_column(col, justify="left" if col == "strategy" else "right")
-    for b in result.baselines:
-        base.add_row(b.label, format_bytes(b.peak_bytes), f"{b.time_s:.6g} s", f"+{b.overhead:.1%}",
-                     "yes" if b.dominated else "[red]no[/red]")
+    rows = [[format_bytes(p.peak_bytes), str(p.peak_bytes), f"{p.time_s:.6g} s", f"+{p.overhead:.1%}"]
+            for p in result.points]
+    cols = [Col("peak"), Col("bytes", drop=1), Col("time"), Col("overhead")]
+    out.print(fitted_table(f"{result.profile_name}: memory-time frontier ({result.mode})", cols, rows))
+    rows = [[b.label, format_bytes(b.peak_bytes), f"{b.time_s:.6g} s", f"+{b.overhead:.1%}",
+             "yes" if b.dominated else "no"] for b in result.baselines]
+    cols = [Col("strategy", number=False), Col("peak"), Col("time"), Col("overhead"),
+            Col("dominated", number=False)]
+    base = fitted_table("baselines", cols, rows)
     out.print(base)
     out.print(
         f"{result.n_pareto} Pareto points from {format_bytes(result.store_all_peak_bytes)} (store-all) "

@@ -196,8 +196,7 @@ def simulate_cmd(
 
 
 def _print_plan(prof, plan) -> None:
-    from rich.table import Table
-
+    from memplan.cli._tables import Col, fitted_table
     from memplan.planner.units import format_bytes
 
     out = console()
@@ -207,18 +206,16 @@ def _print_plan(prof, plan) -> None:
             counts[op[1] - 1] += 1
     checkpoints = set(plan.checkpoints)
     if plan.schedule:
-        table = Table(title=f"{prof.name}: {plan.strategy} plan")
-        for col in ("stage", "name", "role", "output kept", "forward", "saved"):
-            table.add_column(col, justify="right" if col in ("stage", "forward", "saved") else "left")
+        rows = []
         for i, layer in enumerate(prof.layers, start=1):
             n = counts[i - 1]
-            role = "recorded" if n == 1 else f"recomputed (x{n})"
-            table.add_row(
-                str(i), layer.name, role,
-                ("checkpoint" + (f" ({plan.checkpoint_dtypes[i]})" if i in plan.checkpoint_dtypes else ""))
-                if i in checkpoints else "",
-                f"{layer.forward_s * 1e3:.3f} ms", format_bytes(layer.saved_bytes),
-            )
+            kept = ("checkpoint" + (f" ({plan.checkpoint_dtypes[i]})" if i in plan.checkpoint_dtypes
+                                    else "")) if i in checkpoints else ""
+            rows.append([str(i), layer.name, "recorded" if n == 1 else f"recomputed (x{n})", kept,
+                         f"{layer.forward_s * 1e3:.3f} ms", format_bytes(layer.saved_bytes)])
+        cols = [Col("stage"), Col("name", number=False), Col("role", number=False),
+                Col("output kept", number=False), Col("forward", drop=2), Col("saved", drop=1)]
+        table = fitted_table(f"{prof.name}: {plan.strategy} plan", cols, rows)
         out.print(table)
     status = "[green]feasible[/green]" if plan.feasible else "[red]infeasible[/red]"
     out.print(f"{plan.strategy}: {status}. {plan.message}".rstrip(". ") + ".")
