@@ -3,6 +3,10 @@
 Stages are ranked by the bytes that recomputing them frees (saved plus output bytes) per second of
 forward; the top m are recomputed (consecutive ones as one segment), the rest recorded once. m is
 the smallest count whose peak fits the budget.
+
+The last stage (the head and its loss) is never a candidate: its backward follows its forward at
+once, so its records are held either way and recomputing it only adds time; and a model's own
+forward cannot run its loss twice, so such a plan could not be installed (executor/apply.py).
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ _LINEAR_SCAN_MAX = 256  # above this many stages, bisect on m instead of scannin
 
 
 def heuristic_order(profile: Profile) -> list[int]:
-    """Stages (1-based) by descending (saved + output bytes) per forward second; ties by index."""
+    """Stages 1..L-1 (1-based; never the last, see the module's docstring) by descending
+    (saved + output bytes) per forward second; ties by index."""
     def score(i: int) -> float:
         layer = profile.layers[i - 1]
         return (layer.saved_bytes + layer.output_bytes) / max(layer.forward_s, 1e-12)
 
-    return sorted(range(1, profile.n_stages + 1), key=lambda i: (-score(i), i))
+    return sorted(range(1, profile.n_stages), key=lambda i: (-score(i), i))
 
 
 def _segments(recompute: set[int], n_stages: int) -> list[tuple[int, int, bool]]:
@@ -51,14 +56,14 @@ def plan_heuristic(profile: Profile, budget_bytes: int | None = None) -> Plan:
     found: tuple[int, list[Op], Simulation] | None = None
     least = None
     if L <= _LINEAR_SCAN_MAX:
-        for m in range(L + 1):
+        for m in range(len(order) + 1):
             ops, sim = _try(profile, order, m)
             least = sim.peak_bytes if least is None else min(least, sim.peak_bytes)
             if sim.peak_bytes <= budget_bytes:
                 found = (m, ops, sim)
                 break
     else:  # the peak falls roughly monotonically with m: bisect, then check
-        lo, hi = 0, L
+        lo, hi = 0, len(order)
         while lo < hi:
             mid = (lo + hi) // 2
             if _try(profile, order, mid)[1].peak_bytes <= budget_bytes:

@@ -243,7 +243,3 @@ def replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None) 
         return fail(len(ops), ("B", next_b), f"the schedule ends before it (it must run B {L}..1)")
     return result()
 
-
-# `replay`'s former private name, kept while a module outside this one's owners still imports it
-# (planner/uniform.py)
-_replay = replay

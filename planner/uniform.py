@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from memplan.planner._build import finish_plan, infeasible_plan, one_level_ops
 from memplan.planner.schema import Plan, PlanError
-from memplan.planner.simulate import Simulation, _replay
+from memplan.planner.simulate import Simulation, replay
 from memplan.profiler.schema import Profile
 
 __all__ = ["plan_uniform", "uniform_segments"]
@@ -38,7 +38,7 @@ def plan_uniform(profile: Profile, budget_bytes: int | None = None, *, k: int | 
             message=f"a checkpoint every {k} stages", options={"k": k},
         )
     keep_all = one_level_ops(uniform_segments(L, L), L)
-    sim_all = _replay(profile, keep_all)
+    sim_all = replay(profile, keep_all)
     if budget_bytes is None or sim_all.peak_bytes <= budget_bytes:
         return finish_plan(
             profile, keep_all, strategy="uniform", budget_bytes=budget_bytes, sim=sim_all,
@@ -50,7 +50,7 @@ def plan_uniform(profile: Profile, budget_bytes: int | None = None, *, k: int | 
     least: tuple[int, int, list, Simulation] | None = None
     for kk in range(1, L + 1):
         ops = one_level_ops(uniform_segments(L, kk), L)
-        sim = _replay(profile, ops)
+        sim = replay(profile, ops)
         if least is None or sim.peak_bytes < least[0]:
             least = (sim.peak_bytes, kk, ops, sim)
         if sim.peak_bytes <= budget_bytes:
