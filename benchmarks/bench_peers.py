@@ -41,7 +41,8 @@ NOTE [ Wrapping the blocks ]
 `checkpoint_sequential` runs a sequence of one-input modules. A Hugging Face decoder calls each
 block with the hidden states and keyword arguments computed once per forward (the causal mask,
 position ids, the rotary cos/sin). The wrapper receives them at its one call, binds them to every
-block (`_Bound`), and hands `checkpoint_sequential` the bound blocks; its output is the last
+block in a closure (the recompute of a segment runs in the backward, after the wrapper returned, and
+needs them then), and hands `checkpoint_sequential` the list of closures; its output is the last
 block's, in the type a block returns. The model's loop over its blocks (`for block in self.h`,
 `self.layers[:num_hidden_layers]`) then calls the wrapper once.
 """
@@ -120,18 +121,10 @@ def make_batch(batch: int, seq: int, vocab: int, seed: int = 1) -> dict:
 # peers
 
 
-class _Bound(nn.Module):
-    """A block with the keyword arguments of the current forward bound: one input, one tensor out."""
-
-    def __init__(self, block: nn.Module) -> None:
-        super().__init__()
-        self.block = block
-        self.args: tuple = ()
-        self.kwargs: dict = {}
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = self.block(hidden, *self.args, **self.kwargs)
-        return out[0] if isinstance(out, tuple) else out
+def _run_block(block: nn.Module, args: tuple, kwargs: dict, hidden: torch.Tensor) -> torch.Tensor:
+    """`block` on `hidden` with the forward's other arguments; its hidden states out."""
+    out = block(hidden, *args, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
 
 
 class SequentialCheckpoint(nn.Module):
@@ -140,7 +133,7 @@ class SequentialCheckpoint(nn.Module):
 
     def __init__(self, blocks: list[nn.Module], segments: int) -> None:
         super().__init__()
-        self.bound = nn.Sequential(*[_Bound(b) for b in blocks])
+        self.blocks = nn.ModuleList(blocks)
         self.segments = segments
         self.returns_tuple = False  # set by wrap_checkpoint_sequential from a block's real output
 
@@ -148,21 +141,20 @@ class SequentialCheckpoint(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self.bound[0].block, name)
+            return getattr(self.blocks[0], name)
 
     def forward(self, hidden_states, *args, **kwargs):
         from torch.utils.checkpoint import checkpoint_sequential
 
-        for b in self.bound:
-            b.args, b.kwargs = args, kwargs
-        try:
-            if torch.is_grad_enabled():
-                out = checkpoint_sequential(self.bound, self.segments, hidden_states, use_reentrant=False)
-            else:
-                out = self.bound(hidden_states)
-        finally:
-            for b in self.bound:
-                b.args, b.kwargs = (), {}
+        # NOTE: the arguments are bound by closures, not stored on the modules: a segment's
+        # recompute runs in the backward, after this forward has returned.
+        fns = [functools.partial(_run_block, b, args, kwargs) for b in self.blocks]
+        if torch.is_grad_enabled():
+            out = checkpoint_sequential(fns, self.segments, hidden_states, use_reentrant=False)
+        else:
+            out = hidden_states
+            for f in fns:
+                out = f(out)
         return (out,) if self.returns_tuple else out
 
 
@@ -351,6 +343,7 @@ def run_family(kind: str, args) -> dict:
     peers: dict[str, dict] = {}
     steps: dict[str, object] = {}
     errors: dict[str, str] = {}
+    ref_grads: list[torch.Tensor] = []  # the unplanned step's gradients, in parameter order
 
     def add(name: str, how: str, model: nn.Module, budget: float | None = None) -> None:
         try:
@@ -362,9 +355,15 @@ def run_family(kind: str, args) -> dict:
             errors[name] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:400]
             log.warning("%s %s: skipped (%s)", kind, name, errors[name])
             return
-        peers[name] = {"how": how, "peak_bytes": peak, "first_steps_s": round(setup_s, 3)}
+        grads = [p.grad.detach().clone() for p in model.parameters() if p.requires_grad]
+        if not ref_grads:
+            ref_grads.extend(grads)
+        diff = max((float((g - r).abs().max()) for g, r in zip(grads, ref_grads, strict=True)), default=0.0)
+        peers[name] = {"how": how, "peak_bytes": peak, "first_steps_s": round(setup_s, 3),
+                       "max_grad_diff": diff}
         steps[name] = s
-        log.info("%s %-14s peak %10d bytes", kind, name, peak)
+        log.info("%s %-14s peak %10d bytes, gradients within %.3g of the unplanned step's", kind, name, peak,
+                 diff)
 
     add("unplanned", "the model as built", base)
     m = fresh()
@@ -429,12 +428,12 @@ def run_family(kind: str, args) -> dict:
 def table(rec: dict) -> str:
     """The family's table: contender, peak (MiB and ratio), time ratio (median [95% CI], min)."""
     rows = [f"{rec['kind']}: contender | peak MiB | peak ratio | time ratio median [95% CI] | min | "
-            "min step / unplanned's min step"]
+            "min step / unplanned's min step | max |grad - unplanned grad|"]
     for name, r in rec["peers"].items():
         lo, hi = r["time_ratio_ci95"]
         rows.append(f"  {name:<22} | {r['peak_bytes'] / 2**20:8.1f} | {r['peak_ratio']:.3f} | "
                     f"{r['time_ratio_median']:.3f} [{lo:.3f}, {hi:.3f}] | {r['time_ratio_min']:.3f} | "
-                    f"{r['time_ratio_of_mins']:.3f}")
+                    f"{r['time_ratio_of_mins']:.3f} | {r['max_grad_diff']:.2g}")
     for name, r in rec["infeasible"].items():
         rows.append(f"  {name:<22} | infeasible at {r['budget_bytes'] / 2**20:.1f} MiB")
     for name, why in rec["errors"].items():
