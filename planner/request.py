@@ -197,7 +197,10 @@ class PlanRequest(BaseModel):
         default=None, description="memory per GPU instead of budget_bytes (at most 2^60): the "
         "budget is this minus the fixed bytes",
     )
-    strategy: StrategyName = Field(default="optimal", description="the planner strategy")
+    # null is accepted (and documented) as the default, the way an absent field is: the validator
+    # below turns it into "optimal", so a validated request always names its strategy
+    strategy: StrategyName | None = Field(default="optimal", description="the planner strategy "
+                                          "(null: optimal)")
     options: AnyOptions = Field(
         default_factory=OptimalOptions,
         description="the strategy's options (uniform: k; optimal: max_overhead, exact_max_stages, "
