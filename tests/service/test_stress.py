@@ -20,7 +20,7 @@ import pytest
 from tests.service.conftest import make_profile
 from tests.service.server import TERMINAL, Server, wait_for
 
-TRAFFIC_S = 40.0  # seconds of traffic; then every accepted job must finish (bounded)
+TRAFFIC_S = 60.0  # seconds of traffic; then every accepted job must finish (bounded)
 CLIENTS = 5
 KILL_EVERY_S = 6.0
 
