@@ -33,7 +33,7 @@ step, with the min and a bootstrap 95% interval of that median, and as the ratio
 contender's fastest step to the unplanned one's (the least disturbed by load on a shared machine). Writes a table to the log and JSON
 to --out.
 
-    .venv/bin/python benchmarks/bench_peers.py                     # default: 8 layers, seq 128
+    .venv/bin/python benchmarks/bench_peers.py   # 6 layers, width 256, seq 128: 11 min here, 6 of them compiling
     .venv/bin/python benchmarks/bench_peers.py --layers 12 --seq 256 --vocab 50257 --rounds 11
     .venv/bin/python benchmarks/bench_peers.py --layers 4 --seq 64 --rounds 5 --no-compile
 
@@ -444,12 +444,12 @@ def table(rec: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="gpt2,llama", help="comma-separated: gpt2, llama")
-    ap.add_argument("--layers", type=int, default=8, help="blocks (issue 22's table: 12)")
+    ap.add_argument("--layers", type=int, default=6, help="blocks (issue 22's table: 12)")
     ap.add_argument("--width", type=int, default=256, help="hidden size (issue 22: 256)")
     ap.add_argument("--seq", type=int, default=128, help="tokens per sequence (issue 22: 256)")
     ap.add_argument("--batch", type=int, default=4, help="sequences per batch (issue 22: 4)")
-    ap.add_argument("--vocab", type=int, default=8192, help="vocabulary (GPT-2's: 50257)")
-    ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
+    ap.add_argument("--vocab", type=int, default=4096, help="vocabulary (GPT-2's: 50257)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     ap.add_argument("--repeats", type=int, default=3, help="memplan's profile repeats")
     ap.add_argument("--frontier-points", type=int, default=3,
                     help="memplan.frontier(points=): about this many, plus the points at the "
