@@ -48,16 +48,21 @@ def main() -> None:
 
 # the tiny GPT-2 of the second part (a config as a model's config.json has it)
 HF_CONFIG = {"model_type": "gpt2", "vocab_size": 256, "n_positions": 64, "n_embd": 64, "n_layer": 6,
-             "n_head": 4, "tie_word_embeddings": False}
+             "n_head": 4, "tie_word_embeddings": False, "bos_token_id": 255, "eos_token_id": 255}
 
 
 def _your_model() -> None:
     """auto_checkpoint on a Hugging Face model in a plain loop, predicted against measured."""
+    # transformers imports torchao when it is installed, whose optional CUDA kernels say at import
+    # that they did not load (no GPU here); the demo shows memplan's output, not theirs
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # torchao's enum registrations
     try:
-        import transformers  # noqa: F401
+        import transformers
     except ImportError:
         print("\nyour model: skipped (pip install 'transformers>=4.57,<6' to run it)")
         return
+    transformers.logging.set_verbosity_error()
     from memplan.executor.install import run_hf_config
     from memplan.planner.units import format_bytes
 
