@@ -146,7 +146,8 @@ def check_plan(stages: Sequence[nn.Module], plan: Plan | dict | str,
     return plan, prof
 
 
-def _device_of(stages: Sequence[nn.Module], example_input: Any) -> torch.device:
+def device_of(stages: Sequence[nn.Module], example_input: Any) -> torch.device:
+    """The device a chain runs on: its first parameter's, else its input's, else the CPU."""
     for stage in stages:
         for p in stage.parameters():
             return p.device
@@ -245,7 +246,7 @@ def run_plan(
             f"autocast_dtype: use torch.bfloat16, torch.float16 or None, got {autocast_dtype!r}"
         )
     stages = list(stages)
-    device = _device_of(stages, example_input)
+    device = device_of(stages, example_input)
     # the compute dtype sets the gradient tolerance: autocast's, else the parameters' (a model
     # built in bfloat16 computes in it)
     dtype_name = _DTYPES.get(autocast_dtype or param_dtype(stages), "float32")

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 from memplan.executor.report import ExecutorError
-from memplan.executor.run import check_plan
+from memplan.executor.run import check_plan, device_of
 from memplan.executor.runner import ScheduleRunner
 from memplan.planner.schema import Op, Plan
 from memplan.planner.timeline import PlanTimeline, plan_timeline
@@ -43,15 +43,6 @@ __all__ = ["measure_timeline", "builtin_timeline", "save_timeline"]
 log = logging.getLogger(__name__)
 
 SNAPSHOT_MAX_ENTRIES = 200_000  # allocator events kept in a snapshot (one step of a large model fits)
-
-
-def _device_of(stages: Sequence[nn.Module], example_input: Any) -> torch.device:
-    for stage in stages:
-        for p in stage.parameters():
-            return p.device
-    if isinstance(example_input, torch.Tensor):
-        return example_input.device
-    return torch.device("cpu")
 
 
 @contextlib.contextmanager
@@ -92,7 +83,7 @@ def measure_timeline(
     from memplan.profiler.memory import measure_memory
 
     stages = list(stages)
-    device = _device_of(stages, example_input)
+    device = device_of(stages, example_input)
     params = [p for p in unique_params(stages) if p.requires_grad]
     for p in params:
         if p.grad is None:
