@@ -50,19 +50,10 @@ from memplan.planner.scaling.queries import Sizing, sizing
 from memplan.planner.scaling.shapes import MAX_LAYERS, GPTShape, shape_for_layers
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["MemorySizing", "TradeoffPoint", "memory_aware_size", "DEVICE_PEAK_FLOPS",
+__all__ = ["MemorySizing", "TradeoffPoint", "memory_aware_size",
            "MAX_OVERHEAD", "TRADEOFF_CAPS", "analytic_gpt_profile", "Trial"]
 
 log = logging.getLogger(__name__)
-
-# Dense bf16 tensor-core peak FLOP/s per device (NVIDIA datasheets, SXM parts, without sparsity).
-DEVICE_PEAK_FLOPS: dict[str, float] = {
-    "A100": 312e12,
-    "A100-40GB": 312e12,
-    "A100-80GB": 312e12,
-    "H100": 989e12,
-    "H200": 989e12,
-}
 
 ProfileFn = Callable[[GPTShape, int, str], object]  # (shape, micro_batch, dtype) -> Profile
 
@@ -339,11 +330,14 @@ def _peak_flops(device: str | None, peak_flops: float | None) -> float | None:
     if peak_flops is not None and device is not None:
         raise ScalingError("peak_flops: give peak_flops or device, not both")
     if peak_flops is None and device is not None:
-        key = device.strip().upper()
-        if key not in DEVICE_PEAK_FLOPS:
-            raise ScalingError(f"device: unknown {device!r}; choose one of "
-                               f"{', '.join(DEVICE_PEAK_FLOPS)} or give peak_flops")
-        return DEVICE_PEAK_FLOPS[key]
+        from memplan.planner.devices import DEVICES, device_preset
+        from memplan.planner.schema import PlanError
+
+        try:
+            return device_preset(device).peak_bf16_flops
+        except PlanError:
+            raise ScalingError(f"device: unknown {device!r}; choose one of {', '.join(DEVICES)} "
+                               "or give peak_flops") from None
     if peak_flops is not None:
         return check_positive("peak_flops", peak_flops)
     return None
