@@ -75,12 +75,7 @@ def profile_cmd(
                                    "--n-layer": n_layer, "--d-model": d_model, "--n-head": n_head,
                                    "--vocab": vocab, "--dtype": dtype, "--autocast": autocast,
                                    "--server": server})
-        if out is not None:
-            out.write_text(prof.model_dump_json(indent=1) + "\n")
-        if json_out:
-            echo_json(prof)
-        else:
-            _print_profile(prof, out)
+        _emit(prof, out, json_out)
         return
     dtype, autocast = _policy_dtypes(precision, dtype, autocast)
     fields: dict = {"dtype": dtype}
@@ -140,6 +135,11 @@ def profile_cmd(
     else:
         prof = _measure(model, cfg, device=device, repeats=repeats, warmup=warmup, timing=timing,
                         optimizer=optimizer, autocast=autocast, name=name)
+    _emit(prof, out, json_out)
+
+
+def _emit(prof, out: Path | None, json_out: bool) -> None:
+    """Write the profile to `out` (when given), then print it as JSON or as a table."""
     if out is not None:
         out.write_text(prof.model_dump_json(indent=1) + "\n")
     if json_out:
