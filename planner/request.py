@@ -27,6 +27,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -104,9 +105,12 @@ def _budget(value: Any, info: ValidationInfo) -> Any:
     return int(value)
 
 
+# the schema says what `_budget` accepts: a number of bytes (a float is rounded down) or null
 Budget = Annotated[
     Annotated[int, Field(ge=0, le=MAX_BUDGET_BYTES)] | None,
     BeforeValidator(_budget),
+    WithJsonSchema({"anyOf": [{"type": "number", "minimum": 0, "maximum": MAX_BUDGET_BYTES},
+                              {"type": "null"}]}),
 ]
 
 

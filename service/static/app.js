@@ -75,6 +75,7 @@ function authHeaders() {
 
 async function api(path, { method = "GET", body, headers = {}, raw = false } = {}) {
   for (let attempt = 0; attempt < 5; attempt++) {
+    const sentKey = sessionStorage.getItem(KEY_STORE);
     const init = { method, headers: { Accept: "application/json", ...authHeaders(), ...headers } };
     if (body !== undefined) {
       init.body = JSON.stringify(body);
@@ -82,9 +83,13 @@ async function api(path, { method = "GET", body, headers = {}, raw = false } = {
     }
     const r = await fetch(path, init);
     if (r.status === 401) {
-      const hadKey = Boolean(sessionStorage.getItem(KEY_STORE));
-      sessionStorage.removeItem(KEY_STORE);
-      if (await askKey(hadKey ? "That key was refused; try again." : "")) continue;
+      // a refusal of a request sent before the current key was given says nothing about that
+      // key: retry with it, and ask (once, for every request waiting) only when none is stored
+      // or the key this request carried is the one refused
+      const stored = sessionStorage.getItem(KEY_STORE);
+      if (stored && stored !== sentKey) continue;
+      if (stored) sessionStorage.removeItem(KEY_STORE);
+      if (await askKey(stored ? "That key was refused; try again." : "")) continue;
       throw new Error("this server needs an API key");
     }
     if (raw) return r;
