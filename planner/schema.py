@@ -119,6 +119,11 @@ class Plan(BaseModel):
         "float8_e4m3fn, ...); stages not listed: as computed (docs/precision.md)",
     )
 
+    stage_policies: dict[int, str] = Field(
+        default_factory=dict,
+        description="stage i -> the save policy its recorded forward runs under (selective "
+        "recompute, docs/chain-model.md section 10.8); stages not listed: 'all'")
+
     @field_validator("schedule", mode="before")
     @classmethod
     def _schedule_form(cls, raw: Any) -> Any:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memplan.planner.schema import Op, parse_schedule
+from memplan.planner.schema import Op, PlanError, parse_schedule
 from memplan.planner.storage import storage_sizes
-from memplan.profiler.schema import Profile, load_profile
+from memplan.profiler.schema import Profile, ProfileError, load_profile
 
 __all__ = ["Simulation", "simulate", "replay", "store_all_time", "nograd_forward_s",
            "nograd_forward_temp_bytes"]
@@ -50,6 +50,7 @@ def simulate(
     schedule: list[Op] | list[list],
     *,
     storage: dict[int, str] | None = None,
+    policies: dict[int, str] | None = None,
 ) -> Simulation:
     """Replay `schedule` over `profile`.
 
@@ -58,10 +59,13 @@ def simulate(
     `valid=False`, not an exception; malformed ops raise `memplan.planner.schema.PlanError`.
     `storage` maps stages i (1..L-1) to the dtype their kept outputs a_i are stored in (see
     NOTE [ Storage precision of checkpoints ] in planner/checkpoint_dtype.py); None: as computed.
+    `policies` maps stages to the save policy their `R` ops run under (docs/chain-model.md
+    section 10.8); None or unlisted stages: 'all'. An unknown stage or policy raises `PlanError`
+    naming `stage_policies.i`.
     """
     prof = load_profile(profile)
     ops = parse_schedule(schedule)
-    return replay(prof, ops, storage)
+    return replay(prof, ops, storage, policies)
 
 
 def nograd_forward_s(prof: Profile) -> list[float]:
@@ -99,9 +103,23 @@ def nograd_forward_temp_bytes(prof: Profile) -> list[int]:
             else layer.forward_nograd_temp_bytes for layer in prof.layers]
 
 
-def replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None) -> Simulation:
+def replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None,
+           policies: dict[int, str] | None = None) -> Simulation:
     """`simulate` for a loaded Profile and parsed ops (no validation or conversion: what the
-    strategies call on schedules they built). Returns a `Simulation` (seconds, bytes)."""
+    strategies call on schedules they built). Returns a `Simulation` (seconds, bytes).
+
+    NOTE [ save policies in the replay ]
+    A stage recorded under a policy is replayed as the stage with that policy's fields (its
+    record s_i, transients tf_i and tb_i, times f_i and b_i; `F` ops keep the base's no-grad
+    time and transient): `Profile.with_policies`. The store-all time that `recompute_s` and
+    `overhead` are measured against stays the base profile's, every stage under 'all', so a
+    policy's recomputation inside its backward counts as recompute time."""
+    base = store_all_time(prof)
+    if policies or prof.has_policies:
+        try:
+            prof = prof.with_policies(policies)
+        except ProfileError as err:
+            raise PlanError(str(err)) from None
     L = prof.n_stages
     x = [prof.input_bytes] + [layer.output_bytes for layer in prof.layers]
     f = [0.0] + [layer.forward_s for layer in prof.layers]
@@ -134,7 +152,6 @@ def replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None) 
     converted: list[int] = []
 
     def result(error: str | None = None, index: int | None = None) -> Simulation:
-        base = store_all_time(prof)
         rs = max(0.0, time_s - base)
         return Simulation(
             valid=error is None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -26,6 +27,8 @@ __all__ = [
     "MAX_PROFILE_BYTES",
     "MAX_SECONDS",
     "LayerProfile",
+    "SavePolicy",
+    "SAVE_ALL",
     "Profile",
     "ProfileError",
     "load_profile",
@@ -53,6 +56,54 @@ _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=Tr
 
 class ProfileError(ValueError):
     """Invalid profile input; the message names the field and says how to fix it."""
+
+
+SAVE_ALL = "all"  # the name of a stage's own record: autograd keeps everything (its base fields)
+
+
+class SavePolicy(BaseModel):
+    """Another way to record stage i (docs/chain-model.md section 10.8): autograd keeps the outputs
+    of some operators and the backward recomputes the others from the stage's input.
+
+    The stage's own fields are the policy `all` (everything kept); each `SavePolicy` is an
+    alternative with its own record, transients and times. Output bytes and the no-grad forward
+    (`F` ops) do not change with the policy."""
+
+    model_config = _STRICT
+
+    name: str = Field(min_length=1, max_length=64, description="policy name, unique in the stage, "
+                      "not 'all', e.g. 'matmuls', 'no_attention', 'none'")
+    recompute: list[str] = Field(
+        default_factory=list,
+        description="operators recomputed in the backward instead of kept, as aten overload "
+        "packets ('aten.gelu', 'aten._softmax'); ['*']: every operator (the whole stage is "
+        "recomputed from its input, as torch.utils.checkpoint does)")
+    saved_bytes: Bytes = Field(description="[s_i] bytes kept for the backward under this policy")
+    forward_temp_bytes: Bytes = Field(default=0, description="[tf_i] transient of the recorded "
+                                      "forward under this policy")
+    backward_temp_bytes: Bytes = Field(default=0, description="[tb_i] transient of the backward, "
+                                       "its recomputation included")
+    forward_s: Seconds = Field(description="[f_i] seconds of the recorded forward under it")
+    backward_s: Seconds = Field(description="[b_i] seconds of the backward, recomputation included")
+
+    @field_validator("name")
+    @classmethod
+    def _not_all(cls, name: str) -> str:
+        if name == SAVE_ALL:
+            raise ValueError("'all' names the stage's own record (its base fields); "
+                             "give the policy another name")
+        return name
+
+    @field_validator("recompute")
+    @classmethod
+    def _ops_named(cls, ops: list[str]) -> list[str]:
+        for op in ops:
+            if op != "*" and not re.fullmatch(r"[A-Za-z_][\w.]*", op):
+                raise ValueError(f"{op!r} is not an operator name; use aten packets such as "
+                                 "'aten.gelu', or '*' for every operator")
+        if "*" in ops and len(ops) > 1:
+            raise ValueError("'*' recomputes every operator; list it alone")
+        return ops
 
 
 class LayerProfile(BaseModel):
@@ -89,6 +140,43 @@ class LayerProfile(BaseModel):
         description="dtype of its output a_i (e.g. 'float32' for the residual stream under bf16 "
         "autocast); None: the profile's dtype. Storage precision of checkpoints (docs/precision.md)",
     )
+    policies: list[SavePolicy] = Field(
+        default_factory=list, max_length=8,
+        description="other ways to record the stage (selective recompute, docs/chain-model.md "
+        "section 10.8); the base fields are the policy 'all'. Empty: only 'all'")
+
+    @field_validator("policies")
+    @classmethod
+    def _policy_names_unique(cls, policies: list[SavePolicy]) -> list[SavePolicy]:
+        names = [p.name for p in policies]
+        for k, name in enumerate(names):
+            if name in names[:k]:
+                raise ValueError(f"policies[{k}] repeats the name {name!r}; give each policy "
+                                 "of a stage a unique name")
+        return policies
+
+    def policy(self, name: str) -> "LayerProfile":
+        """This stage with policy `name` as its record ('all': itself). Raises KeyError when the
+        stage has no such policy."""
+        if name == SAVE_ALL:
+            return self
+        for p in self.policies:
+            if p.name == name:
+                # `F` ops (no record) stay as they were: their time and transient are the base's
+                nograd_s = self.forward_s if self.forward_nograd_s is None else self.forward_nograd_s
+                nograd_tmp = (self.forward_temp_bytes if self.forward_nograd_temp_bytes is None
+                              else self.forward_nograd_temp_bytes)
+                return self.model_copy(update={
+                    "forward_nograd_s": nograd_s, "forward_nograd_temp_bytes": nograd_tmp,
+                    "saved_bytes": p.saved_bytes, "forward_temp_bytes": p.forward_temp_bytes,
+                    "backward_temp_bytes": p.backward_temp_bytes, "forward_s": p.forward_s,
+                    "backward_s": p.backward_s, "policies": []})
+        raise KeyError(name)
+
+    @property
+    def policy_names(self) -> list[str]:
+        """'all', then the names of `policies`."""
+        return [SAVE_ALL] + [p.name for p in self.policies]
 
 
 class Profile(BaseModel):
@@ -125,20 +213,49 @@ class Profile(BaseModel):
     @model_validator(mode="after")
     def _totals_finite(self) -> Profile:
         # each time is finite, but their sum can still overflow to infinity (e.g. 1e308 twice)
-        total = sum(layer.forward_s + layer.backward_s for layer in self.layers)
+        total = sum(layer.forward_s + layer.backward_s
+                    + sum(p.forward_s + p.backward_s for p in layer.policies)
+                    for layer in self.layers)
         if not math.isfinite(total):
             raise ValueError(
                 "layers: forward_s and backward_s add up to infinity; give times in seconds"
             )
         sizes = self.input_bytes + self.fixed_bytes + sum(
             la.output_bytes + la.saved_bytes + la.forward_temp_bytes + la.backward_temp_bytes
-            + (la.forward_nograd_temp_bytes or 0) + la.param_bytes for la in self.layers)
+            + (la.forward_nograd_temp_bytes or 0) + la.param_bytes
+            + sum(p.saved_bytes + p.forward_temp_bytes + p.backward_temp_bytes for p in la.policies)
+            for la in self.layers)
         if sizes > MAX_PROFILE_BYTES:
             raise ValueError(
                 f"layers: the profile's byte sizes add up to {sizes}, over the ceiling of 2^58 "
                 "(NOTE [ ceilings ] in profiler/schema.py); give sizes in bytes"
             )
         return self
+
+    @property
+    def has_policies(self) -> bool:
+        """Whether any stage has a save policy besides 'all'."""
+        return any(layer.policies for layer in self.layers)
+
+    def with_policies(self, stage_policies: dict[int, str] | None) -> Profile:
+        """This profile with stage i recorded under `stage_policies[i]` (its fields replaced by
+        the policy's; stages not listed: 'all'), and no other policies. Raises ProfileError naming
+        `stage_policies.i` for a stage out of range or a policy the stage does not have."""
+        layers = []
+        chosen = dict(stage_policies or {})
+        for i, name in chosen.items():
+            if isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= self.n_stages:
+                raise ProfileError(f"stage_policies.{i}: no stage {i!r}; stages are 1..{self.n_stages}")
+        for i, layer in enumerate(self.layers, start=1):
+            name = chosen.get(i, SAVE_ALL)
+            try:
+                layer = layer.policy(name)
+            except KeyError:
+                raise ProfileError(
+                    f"stage_policies.{i}: stage {i} ({layer.name}) has no policy {name!r}; "
+                    f"it has {', '.join(layer.policy_names)}") from None
+            layers.append(layer if not layer.policies else layer.model_copy(update={"policies": []}))
+        return self.model_copy(update={"layers": layers})
 
     @property
     def n_stages(self) -> int:
