@@ -47,7 +47,8 @@ from memplan.profiler.schema import Profile, load_profile
 from memplan.profiler.tensors import storage_bytes, unique_buffers, unique_params
 from torch import nn
 
-__all__ = ["run_plan", "check_plan", "fixed_bytes_of", "make_optimizer", "optimizer_step"]
+__all__ = ["run_plan", "check_plan", "policy_recompute", "fixed_bytes_of", "make_optimizer",
+           "optimizer_step"]
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,9 @@ def check_plan(stages: Sequence[nn.Module], plan: Plan | dict | str,
     """The plan (and profile), validated against the stages before anything runs.
 
     Raises `ExecutorError` naming the field: a plan without a schedule, a stage count that differs
-    from the stages', a plan made for another profile (fingerprint), an invalid schedule."""
+    from the stages', a plan made for another profile (fingerprint), an invalid schedule, a save
+    policy the profile does not have (`plan.stage_policies.i`) or save policies without the
+    profile that defines them."""
     from memplan.planner.simulate import simulate
 
     if not isinstance(stages, (list, tuple, nn.ModuleList, nn.Sequential)) or len(stages) == 0:
@@ -135,8 +138,18 @@ def check_plan(stages: Sequence[nn.Module], plan: Plan | dict | str,
                 f"plan.profile_fingerprint: {plan.profile_fingerprint} is not this profile's "
                 f"{prof.fingerprint()}: the plan was made for another model; plan this profile"
             )
-        sim = simulate(prof, plan.schedule)
+        try:
+            sim = simulate(prof, plan.schedule, policies=plan.stage_policies or None)
+        except PlanError as err:
+            raise ExecutorError(f"plan.{str(err).splitlines()[0]}; plan this profile, or profile "
+                                "the model with that policy") from None
     else:
+        if policy_names(plan):
+            i = min(policy_names(plan))
+            raise ExecutorError(
+                f"plan.stage_policies.{i}: stage {i} runs under the save policy "
+                f"{plan.stage_policies[i]!r}, which only the profile defines; pass the profile "
+                "the plan was made from (profile=)")
         dummy = Profile(input_bytes=0, layers=[
             dict(name=f"s{i}", forward_s=0, backward_s=0, output_bytes=0, saved_bytes=0)
             for i in range(1, L + 1)])
@@ -144,6 +157,37 @@ def check_plan(stages: Sequence[nn.Module], plan: Plan | dict | str,
     if not sim.valid:
         raise ExecutorError(f"plan.schedule: {sim.error}")
     return plan, prof
+
+
+def policy_names(plan: Plan) -> dict[int, str]:
+    """The plan's stages recorded under a save policy other than 'all': stage -> policy name."""
+    from memplan.profiler.schema import SAVE_ALL
+
+    return {int(i): name for i, name in plan.stage_policies.items() if name != SAVE_ALL}
+
+
+def policy_recompute(plan: Plan, profile: Profile | None) -> dict[int, list[str]]:
+    """Stage i -> the operators its `R i` recomputes in the backward (`SavePolicy.recompute` of
+    the policy `plan.stage_policies[i]` in `profile.layers[i-1]`), for the stages whose policy is
+    not 'all'. Raises `ExecutorError` naming `plan.stage_policies.i` when the profile is missing
+    or has no such policy."""
+    out: dict[int, list[str]] = {}
+    for i, name in sorted(policy_names(plan).items()):
+        if profile is None:
+            raise ExecutorError(
+                f"plan.stage_policies.{i}: stage {i} runs under the save policy {name!r}, which "
+                "only the profile defines; pass the profile the plan was made from (profile=)")
+        if not 1 <= i <= profile.n_stages:
+            raise ExecutorError(f"plan.stage_policies.{i}: no stage {i}; stages are "
+                                f"1..{profile.n_stages}")
+        layer = profile.layers[i - 1]
+        found = [p for p in layer.policies if p.name == name]
+        if not found:
+            raise ExecutorError(
+                f"plan.stage_policies.{i}: stage {i} ({layer.name}) has no policy {name!r} in "
+                f"the profile; it has {', '.join(layer.policy_names)}; plan this profile")
+        out[i] = list(found[0].recompute)
+    return out
 
 
 def device_of(stages: Sequence[nn.Module], example_input: Any) -> torch.device:
@@ -225,6 +269,7 @@ def run_plan(
     on_step: Callable[[int, int], None] | None = None,
     guards: Sequence[str] = GUARDS,
     peak_tolerance_pct: float | None = PEAK_TOLERANCE_PCT,
+    compile: bool = False,
 ) -> RunReport:
     """Run `plan`'s schedule over `stages` (the last returns the scalar loss) for `steps` training
     steps on `example_input`, measure its peak (bytes) and time (seconds), and compare its
@@ -236,9 +281,12 @@ def run_plan(
     the trap it closes). Raises `ExecutorError` before anything runs when the plan does not
     fit the model. Returns a `RunReport` (status 'mismatch' when a comparison is over tolerance,
     or the measured peak is more than `peak_tolerance_pct` percent off the prediction; None:
-    the peak is not judged).
+    the peak is not judged). Stages the plan records under a save policy (`plan.stage_policies`)
+    run under it (its recompute list from `profile`, which must then be given); `compile` runs
+    each stage through `torch.compile` (NOTE [ Save policies in the runner ] in runner.py).
     """
     plan, prof = check_plan(stages, plan, profile)
+    policies = policy_recompute(plan, prof)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ExecutorError(f"steps: expected an integer of at least 1, got {steps!r}")
     if autocast_dtype is not None and autocast_dtype not in (torch.bfloat16, torch.float16):
@@ -267,7 +315,7 @@ def run_plan(
         scaler.scale(torch.ones((), device=device))
 
     runner = ScheduleRunner(stages, ops, device=device, autocast_dtype=autocast_dtype, guards=guards,
-                            storage=plan.checkpoint_dtypes)
+                            storage=plan.checkpoint_dtypes, policies=policies, compile=compile)
     input_bytes = storage_bytes([example_input])
     records: list[StepRecord] = []
     grad_diff = Diff()

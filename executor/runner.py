@@ -12,6 +12,10 @@ NOTE [ Ops in PyTorch ]
 - `loss`: seed d_L (ones, or the gradient scaler's scale).
 - `B i`: autograd backward through record i with d_i; d_{i-1} is the gradient accumulated on the
   record's input alias. The record's saved tensors and d_i are freed.
+- `R i` under a save policy (plan.stage_policies, docs/chain-model.md section 10.8): the stage's
+  forward runs through `memplan.profiler.policies.recorded` with the policy's recompute list, so
+  the record keeps what the policy keeps and `B i` recomputes the rest inside autograd's backward
+  (NOTE [ Save policies in the runner ]).
 Every stage's graph is cut at its input, so any valid schedule, one-level or multi-level,
 persistent or not, runs as written and its memory follows the replay's counting. The stage
 values a_i may be a tensor or a (nested) tuple, list or dict of tensors; gradients flow through
@@ -22,13 +26,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 from memplan.executor.guards import GUARDS, StageGuards
 from memplan.executor.report import ExecutorError
 from memplan.planner.schema import Op
+from memplan.profiler.policies import recorded
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -36,13 +42,37 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 __all__ = ["ScheduleRunner", "forward_counts"]
 
 
-def forward_counts(ops: Sequence[Op], n_stages: int) -> list[int]:
-    """Per stage 1..L: how many forwards (F or R) the schedule runs."""
+def forward_counts(ops: Sequence[Op], n_stages: int,
+                   recomputed_in_backward: Collection[int] = ()) -> list[int]:
+    """Per stage 1..L: how many forwards (F or R) the schedule runs, plus one for each `R i` of a
+    stage in `recomputed_in_backward` (a save policy whose backward reruns the stage's forward)."""
     counts = [0] * n_stages
     for op in ops:
         if op[0] in ("F", "R"):
             counts[op[1] - 1] += 1  # type: ignore[misc]
+            if op[0] == "R" and op[1] in recomputed_in_backward:
+                counts[op[1] - 1] += 1  # type: ignore[misc]
     return counts
+
+
+# NOTE [ Save policies in the runner ]
+# 1. `R i` of a stage with a policy other than 'all' calls `recorded(stage, a_{i-1}, recompute=r)`
+#    (profiler/policies.py), the function the profiler measures the policy through: the record
+#    keeps the policy's saved tensors and checkpoint's bookkeeping, exactly the profiled s_i.
+# 2. Its backward reruns the stage's forward (all of it under ['*']; under a selective policy the
+#    kept operators come from the cache and the others run again). That rerun is one more
+#    forward of the stage in the step, so the guards count it (`forward_counts`) and it runs
+#    inside `guards.forward(i)`: buffers (BatchNorm statistics) are updated once per step,
+#    decisions (MoE routing) are replayed, forward hooks that return nothing are not called again.
+# 3. Random state: checkpoint restores the forward's generator state for the rerun and puts the
+#    stream back after it (`preserve_rng_state`); the guards' own restore inside it is the same
+#    state, and the state the guards would owe afterwards is the rerun's start, so the runner
+#    settles what the guards owe before `B i` and discards what they owe after the rerun
+#    (`flush` inside checkpoint's fork of the generator, which puts the stream back on exit).
+# 4. Compiled stages (`compile=True`): stage i runs as `torch.compile` of the stage (F ops) and of
+#    `recorded(stage, ., recompute=r)` (R ops), one compiled function per stage and policy, so
+#    compile fuses inside the block and the plan places the blocks. A policy's recomputation is
+#    then part of the compiled backward (no Python rerun: the guards count no extra forward).
 
 
 def _alias(value: Any, *, requires_grad: bool) -> Any:
@@ -133,19 +163,63 @@ class ScheduleRunner:
         autocast_dtype: torch.dtype | None = None,
         guards: Sequence[str] = GUARDS,
         storage: dict[int, str] | None = None,
+        policies: Mapping[int, Sequence[str]] | None = None,
+        compile: bool = False,
     ) -> None:
+        """`policies`: stage i -> the recompute list of the save policy its `R i` runs under
+        (`SavePolicy.recompute`; unlisted or []: 'all', everything kept); NOTE [ Save policies in
+        the runner ]. `compile`: run each stage through `torch.compile` (per stage)."""
         self.stages = list(stages)
         self.ops = [tuple(op) for op in ops]
         self.L = len(self.stages)
         self.device = device
         self.autocast_dtype = autocast_dtype
+        self.policies = {int(i): list(r) for i, r in (policies or {}).items() if list(r)}
+        for i in self.policies:
+            if not 1 <= i <= self.L:
+                raise ExecutorError(f"policies: no stage {i}; stages are 1..{self.L}")
+        self.compile = bool(compile)
+        self._compiled: dict[tuple[int, str], Callable[..., Any]] = {}
         self.counts = forward_counts(self.ops, self.L)
-        self.guards = StageGuards(self.stages, self.counts, device=device, enabled=guards)
+        # the guards also count the reruns inside B i (NOTE [ Save policies in the runner ])
+        rerun = () if self.compile else self.policies.keys()
+        self.guards = StageGuards(self.stages, forward_counts(self.ops, self.L, rerun),
+                                  device=device, enabled=guards)
         self.op_seconds: list[float] = []
         self._loss_buf: torch.Tensor | None = None
         # stage -> storage dtype of its kept output (plan.checkpoint_dtypes; features/storage.py)
         self.storage = {int(i): d for i, d in (storage or {}).items()}
         self._fresh: set[int] = set()
+
+    def _fn(self, i: int, kind: str) -> Callable[..., Any]:
+        """What `F i` (kind 'F') or `R i` (kind 'R') calls on its input (NOTE [ Save policies in the
+        runner ])."""
+        stage = self.stages[i - 1]
+        recompute = self.policies.get(i) if kind == "R" else None
+        if self.compile:
+            key = (i, kind if recompute else "F")
+            fn = self._compiled.get(key)
+            if fn is None:
+                if recompute:
+                    fn = torch.compile(partial(recorded, stage, recompute=recompute))
+                else:
+                    fn = torch.compile(stage)
+                self._compiled[key] = fn
+            return fn
+        if not recompute:
+            return stage
+        calls = [0]
+
+        def guarded(x: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 1:  # the forward of R i itself, inside its op's guards
+                return stage(x)
+            with self.guards.forward(i):  # the rerun inside B i (NOTE point 2)
+                out = stage(x)
+            self.guards.flush()  # inside checkpoint's fork of the generator (NOTE point 3)
+            return out
+
+        return partial(recorded, guarded, recompute=recompute)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
@@ -210,7 +284,6 @@ class ScheduleRunner:
             i = op[1]
             if act[i - 1] is None:
                 raise ExecutorError(f"schedule[{k}] {list(op)}: its input a_{i - 1} is not live")
-            stage = self.stages[i - 1]
             if act[i] is not None and (i + 1) not in rec:
                 # a live, unpinned a_i is replaced by the (equal) recomputed output: free it
                 # first so that the op costs no x_i, as the chain model's "x_i (if new)" says
@@ -228,13 +301,13 @@ class ScheduleRunner:
             with self.guards.forward(i), self._autocast():
                 if name == "F":
                     with torch.no_grad():
-                        out = stage(act[i - 1] if tmp_input is None else tmp_input)
+                        out = self._fn(i, "F")(act[i - 1] if tmp_input is None else tmp_input)
                     act[i] = out
                     del tmp_input
                 else:
                     inp = _alias(act[i - 1], requires_grad=True)
                     with torch.enable_grad():
-                        out = stage(inp)
+                        out = self._fn(i, "R")(inp)
                     rec[i] = (inp, _edges(out))
                     if act[i] is None:
                         act[i] = _alias(out, requires_grad=False)
@@ -268,6 +341,8 @@ class ScheduleRunner:
                      if e is not None and g is not None]
             grad[i] = None
             if pairs:
+                if i in self.policies and not self.compile:
+                    self.guards.flush()  # NOTE [ Save policies in the runner ] point 3
                 _backward_handing_over(pairs)
             del pairs, edges
             flat_in, _ = tree_flatten(inp)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 from memplan.executor.report import ExecutorError
-from memplan.executor.run import check_plan, device_of
+from memplan.executor.run import check_plan, device_of, policy_recompute
 from memplan.executor.runner import ScheduleRunner
 from memplan.planner.schema import Op, Plan
 from memplan.planner.timeline import PlanTimeline, plan_timeline
@@ -89,7 +89,7 @@ def measure_timeline(
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     runner = ScheduleRunner(stages, plan.ops(), device=device, autocast_dtype=autocast_dtype,
-                            storage=plan.checkpoint_dtypes)
+                            storage=plan.checkpoint_dtypes, policies=policy_recompute(plan, prof))
     scale = 2.0**10 if autocast_dtype is torch.float16 else None
     for _ in range(warmup):
         runner.prepare()
@@ -111,12 +111,22 @@ def measure_timeline(
         p.grad.zero_()
     a0 = storage_bytes([example_input])
     measured = [meter.phases[f"op {k}"].peak_bytes + a0 for k in range(len(plan.schedule))]
-    timeline = plan_timeline(prof, plan)
+    timeline = _predicted(prof, plan)
     kept = snap.name if snap is not None and device.type == "cuda" else None
     if snap is not None and kept is None:
         log.info("no allocator snapshot on %s (CUDA only); the timeline JSON is the record", device)
     return timeline.model_copy(update={"measured_bytes": measured, "measured_device": str(device),
                                        "snapshot": kept})
+
+
+def _predicted(prof: Profile, plan: Plan) -> PlanTimeline:
+    """The replay's timeline of `plan`, its stages recorded under `plan.stage_policies`: the
+    profile with each stage's policy as its record (`Profile.with_policies`), so the bytes per op
+    are the replay's under the policies whether or not `plan_timeline` reads them."""
+    if not plan.stage_policies:
+        return plan_timeline(prof, plan)
+    return plan_timeline(prof.with_policies(plan.stage_policies),
+                         plan.model_copy(update={"stage_policies": {}}))
 
 
 def builtin_timeline(spec: Any, profile: Profile, plan: Plan, *,

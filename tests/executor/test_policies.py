@@ -1,0 +1,202 @@
+"""Save policies in the executor (docs/chain-model.md section 10.8): a stage's `R` ops run under
+`plan.stage_policies`, in the schedule runner and in a plan installed into a model.
+
+Facts checked (CPU, fp32, exact allocation accounting): gradients, loss, buffers and parameters
+bitwise equal to the unplanned step under every policy on the built-in GPT, within the dtype's
+tolerance under bf16 autocast; the bytes measured during each op of a plan mixing 'none',
+'matmuls' and 'all' equal the replay's under those policies; a plan naming a policy the profile
+lacks is refused naming `stage_policies.i`; an installed plan with policies on a Hugging Face
+GPT-2 keeps its gradients and its predicted peak.
+
+The profiles' policies are measured here by the profiler's rule (NOTE [ measuring save policies ]
+in profiler/measure.py): the stage run as `recorded(stage, a_{i-1}, recompute=...)` in one meter
+block for its forward and backward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from memplan.executor import run_plan
+from memplan.executor.report import ExecutorError
+from memplan.planner.schema import Plan
+from memplan.planner.simulate import simulate
+from memplan.profiler.memory import measure_memory
+from memplan.profiler.policies import recorded
+from memplan.profiler.schema import Profile, SavePolicy
+from memplan.profiler.tensors import Seed, stage_input, storage_bytes, storage_sizes
+
+from memplan import planner
+
+gpt = pytest.importorskip("memplan.profiler.models.gpt")
+measure = pytest.importorskip("memplan.profiler.measure")
+
+from tests.conftest import one_off_bytes  # noqa: E402
+
+TINY = dict(n_layer=3, n_embd=32, n_head=2, block_size=16, vocab_size=64, batch_size=4)
+# 'none' recomputes the whole block (plain checkpoint); 'matmuls' keeps the matmul and attention
+# outputs and recomputes norms, activations and the residual adds (torchtitan's op-level policy)
+POLICIES = {
+    "none": ["*"],
+    "matmuls": ["aten.native_layer_norm", "aten.gelu", "aten._safe_softmax", "aten.add"],
+}
+
+
+def _measure_policy(stage, x_prev, first: bool, recompute, ctx) -> dict[str, int]:
+    x = stage_input(x_prev, first)
+    before = storage_sizes([x])
+    with measure_memory("cpu") as meter:
+        with ctx():
+            out = recorded(stage, x, recompute=recompute)
+        meter.mark("seed")
+        seed = Seed.apply(out)
+        meter.mark("backward")
+        seed.backward()
+    fwd, bwd = meter.phases["start"], meter.phases["backward"]
+    out_new = sum(n for p, n in storage_sizes([out]).items() if p not in before)
+    in_grad = storage_bytes([x.grad]) if x.grad is not None else 0
+    return dict(saved_bytes=max(0, fwd.end_bytes - out_new),
+                forward_temp_bytes=max(0, fwd.peak_bytes - fwd.end_bytes),
+                backward_temp_bytes=max(0, bwd.peak_bytes - bwd.start_bytes - in_grad
+                                        - storage_bytes([out])))
+
+
+def _profile_with_policies(stages, x, *, autocast_dtype=None) -> Profile:
+    """profile_chain's profile of `stages`, each block with the POLICIES measured."""
+    import contextlib
+
+    prof = measure.profile_chain(stages, x, repeats=1, warmup=0, autocast_dtype=autocast_dtype)
+
+    def ctx():
+        if autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=autocast_dtype)
+
+    xs = [x]
+    with torch.no_grad(), ctx():
+        for s in stages[:-1]:
+            xs.append(s(xs[-1]))
+    layers = []
+    for i, (stage, layer) in enumerate(zip(stages, prof.layers, strict=True)):
+        pols = []
+        if 0 < i < len(stages) - 1:  # the blocks
+            for name, rec in POLICIES.items():
+                m = _measure_policy(stage, xs[i], False, rec, ctx)
+                pols.append(SavePolicy(name=name, recompute=rec, forward_s=layer.forward_s,
+                                       backward_s=layer.backward_s + layer.forward_s, **m))
+        layers.append(layer.model_copy(update={"policies": pols}))
+    for p in stages[0].parameters():  # the profiler leaves gradients allocated (zeros)
+        p.grad = None
+    return prof.model_copy(update={"layers": layers})
+
+
+def _under(plan: Plan, prof: Profile, policies: dict[int, str]) -> Plan:
+    """`plan` with `policies` and its prediction replayed under them."""
+    sim = simulate(prof, plan.schedule, policies=policies)
+    assert sim.valid, sim.error
+    pred = plan.predicted.model_copy(update={
+        "peak_bytes": sim.peak_bytes, "time_s": sim.time_s,
+        "total_peak_bytes": prof.fixed_bytes + sim.peak_bytes})
+    return plan.model_copy(update={"stage_policies": dict(policies), "predicted": pred,
+                                   "profile_fingerprint": prof.fingerprint()})
+
+
+@pytest.fixture(scope="module")
+def gpt_profiled():
+    torch.set_num_threads(1)
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY, dropout=0.0, attention="math"))
+    return stages, idx, _profile_with_policies(stages, idx)
+
+
+def _plans(prof: Profile):
+    """store-all, and an optimal plan that recomputes (F ops) at 60% of the store-all peak, both
+    made without the policies (the tests choose them)."""
+    bare = prof.with_policies({})
+    store = planner.plan(bare, strategy="store-all")
+    opt = planner.plan(bare, strategy="optimal", budget_bytes=int(0.6 * store.predicted.peak_bytes))
+    assert opt.feasible and any(op[0] == "F" for op in opt.ops())
+    return {"store-all": store, "optimal": opt}
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policy_keeps_gradients_bitwise_and_its_predicted_peak(gpt_profiled, policy):
+    stages, idx, prof = gpt_profiled
+    blocks = range(2, prof.n_stages)
+    for name, plan in _plans(prof).items():
+        p = _under(plan, prof, {i: policy for i in blocks})
+        r = run_plan(stages, idx, p, profile=prof, steps=3)
+        assert r.status == "ok", (name, r.message)
+        assert r.grad_max_abs_diff == 0 and r.param_max_abs_diff == 0, (name, r.message)
+        assert "bitwise" in r.message
+        # NOTE [ a one-off block ] (tests/conftest.py): one activation of slack at most
+        slack = one_off_bytes(batch_size=4, block_size=16, n_embd=32)
+        assert abs(r.measured_peak_bytes - p.predicted.peak_bytes) <= slack, (name, r.message)
+
+
+def test_dropout_under_a_whole_block_recompute_keeps_gradients_bitwise():
+    # plain checkpoint ('none') restores the generator for its rerun: the same dropout masks
+    torch.set_num_threads(1)
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY, dropout=0.1, attention="math"))
+    prof = measure.profile_chain(stages, idx, repeats=1, warmup=0)
+    layers = [la.model_copy(update={"policies": [SavePolicy(
+        name="none", recompute=["*"], saved_bytes=0, forward_s=la.forward_s,
+        backward_s=la.backward_s)]}) if 0 < k < prof.n_stages - 1 else la
+        for k, la in enumerate(prof.layers)]
+    prof = prof.model_copy(update={"layers": layers})
+    for plan in _plans(prof).values():
+        p = _under(plan, prof, {2: "none", 3: "none"})
+        r = run_plan(stages, idx, p, profile=prof, steps=3, peak_tolerance_pct=None)
+        assert r.status == "ok" and r.grad_max_abs_diff == 0, r.message
+        assert any("RNG" in n for n in r.guard_notes)
+
+
+def test_bf16_autocast_under_policies_within_tolerance():
+    torch.set_num_threads(1)
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY, dropout=0.0, attention="math"))
+    prof = _profile_with_policies(stages, idx, autocast_dtype=torch.bfloat16)
+    plan = _plans(prof)["optimal"]
+    p = _under(plan, prof, {2: "none", 3: "matmuls"})
+    r = run_plan(stages, idx, p, profile=prof, steps=3, autocast_dtype=torch.bfloat16)
+    assert r.status == "ok", r.message
+    assert r.dtype == "bfloat16" and r.grad_max_rel_diff <= r.tolerance
+
+
+def test_each_op_of_a_plan_mixing_policies_is_replayed_to_the_byte(gpt_profiled):
+    from memplan.executor.timeline import measure_timeline
+
+    stages, idx, prof = gpt_profiled
+    plan = _plans(prof)["optimal"]
+    policies = {2: "none", 3: "matmuls"}  # stage 4 (the last block): 'all'
+    p = _under(plan, prof, policies)
+    tl = measure_timeline(stages, idx, p, prof)
+    want = simulate(prof, p.schedule, policies=policies).timeline
+    assert tl.predicted_bytes == want
+    plain = simulate(prof, p.schedule).timeline
+    assert want != plain  # the policies change the replay
+    slack = one_off_bytes(batch_size=4, block_size=16, n_embd=32)
+    for k, op in enumerate(p.ops()):
+        # 4 bytes: the loss value's buffer; the embedding's backward allocates 512 bytes less
+        # than its profile (tests/executor/test_families.py)
+        got = tl.measured_bytes[k]
+        assert -512 - slack <= got - want[k] <= 4 + slack, (k, op, got, want[k])
+
+
+def test_a_policy_the_profile_lacks_is_refused_naming_the_stage(gpt_profiled):
+    stages, idx, prof = gpt_profiled
+    plan = _plans(prof)["store-all"]
+    bad = plan.model_copy(update={"stage_policies": {3: "attention_only"}})
+    with pytest.raises(ExecutorError, match=r"stage_policies\.3") as err:
+        run_plan(stages, idx, bad, profile=prof, steps=1)
+    assert "\n" not in str(err.value) and "attention_only" in str(err.value)
+    good = _under(plan, prof, {3: "none"})
+    with pytest.raises(ExecutorError, match=r"stage_policies\.3.*profile"):
+        run_plan(stages, idx, good, steps=1)  # no profile: the recompute list is unknown
+
+
+def test_policies_leave_the_model_as_the_unplanned_run_leaves_it(gpt_profiled):
+    # three steps of AdamW: the planned and the unplanned models stay bitwise equal
+    stages, idx, prof = gpt_profiled
+    p = _under(_plans(prof)["optimal"], prof, {2: "matmuls", 4: "none"})
+    r = run_plan(stages, idx, p, profile=prof, steps=3, optimizer="sgd")
+    assert r.status == "ok" and r.param_max_abs_diff == 0, r.message
+    assert r.forward_counts == simulate(prof, p.schedule).forward_counts
