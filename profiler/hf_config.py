@@ -317,31 +317,51 @@ def n_params(config: DecoderShape | str | Path | dict) -> int:
 _POLICY_BYTES = {"fp32": (4, 4), "bf16-mixed": (4, 2), "fp16-mixed": (4, 2), "bf16": (2, 2)}
 
 
-def _layer_saved(s: DecoderShape, i: int, B: int, T: int, p: int, c: int, attention: str) -> int:
-    N, C, H, hd = B * T, s.hidden_size, s.n_head, s.head_dim
-    D, Dkv = H * hd, s.n_kv_head * hd
+def _layer_saved(s: DecoderShape, i: int, B: int, T: int, p: int, c: int, attention: str, *,
+                 tp: int = 1, sp: bool = False, cp: int = 1) -> int:
+    """Bytes decoder layer `i` keeps for the backward on one rank (NOTE [ What autograd keeps in a
+    Hugging Face decoder layer ]), split over `tp` tensor-parallel ranks (with `sp`: the norms and
+    the residual stream too) and `cp` context-parallel ranks (NOTE [ Tensor, sequence and context
+    parallel bytes per rank ]); tp = cp = 1 is the whole layer."""
+    C, H, hd = s.hidden_size, s.n_head, s.head_dim
+    D, Dkv = H * hd // tp, s.n_kv_head * hd // tp  # this rank's heads' widths
+    Tl = T // cp  # this rank's tokens of each sequence
+    N = B * Tl  # tokens the attention and the MLP see on this rank
+    Ns = N // tp if sp else N  # tokens the norms and the residual stream hold on this rank
     mixed = p != c
-    upcast = 4 * N * C if p == 2 else 0
-    # first norm (its fp32 input is the stage input unless upcast), its output or copies
-    saved = upcast + 4 * N + p * N * C + (3 * c * N * C + c * (C * D + 2 * C * Dkv) if mixed else p * N * C)
-    saved += 2 * p * T * hd  # cos, sin
-    if attention == "eager":
-        saved += 3 * c * N * D + 4 * B * H * T * T + (c * B * H * T * T if c != 4 else 0) + c * N * D
+    upcast = 4 * Ns * C if p == 2 else 0
+    # first norm (its fp32 input is the stage input unless upcast); the projections' input: the
+    # norm's output (all-gathered under SP), or under autocast each projection's 16-bit copy of it
+    saved = upcast + 4 * Ns + p * Ns * C
+    if mixed:
+        saved += 3 * c * N * C + c * (C * D + 2 * C * Dkv)
     else:
-        saved += c * N * D + 2 * c * N * Dkv + 4 * B * H * T + c * N * D
+        saved += p * N * C
+    saved += 2 * p * Tl * hd  # cos, sin
+    Hl = H // tp
+    Tk = T if cp > 1 else Tl  # keys each query sees: the whole sequence, all-gathered under CP
+    if attention == "eager":
+        saved += c * N * D + 2 * c * B * Tk * D + 4 * B * Hl * Tl * Tk + (c * B * Hl * Tl * Tk if c != 4 else 0)
+        saved += c * N * D
+    else:
+        saved += c * N * D + 2 * c * B * Tk * Dkv + 4 * B * Hl * Tl + c * N * D
     saved += c * D * C if mixed else 0  # o_proj's weight copy
     # second norm: the residual after attention (fp32: itself; bf16 params: its upcast)
-    saved += 4 * N * C + 4 * N + p * N * C
+    saved += 4 * Ns * C + 4 * Ns + p * Ns * C
     moe = bool(s.moe_layers and s.moe_layers[i])
     if not moe:
-        F = s.intermediate_size
+        F = s.intermediate_size // tp
         saved += (2 * c * N * C + c * 3 * C * F) if mixed else p * N * C
         return saved + 4 * c * N * F
+    if tp > 1 or sp or cp > 1:
+        raise ProfileError("tp: tensor, sequence and context parallel bytes are derived for dense "
+                           "layers; MoE layers split their experts (expert parallelism), not built")
     if s.shared_expert_intermediate_size:
         raise ProfileError("config.model_type: qwen2_moe's analytic profile is not derived yet "
                            "(parameter counts are); measure it (memplan profile --hf-config without "
                            "--analytic)")
     E, k, F = s.n_experts, s.top_k, s.expert_intermediate_size
+    N = B * T
     A, m = N * k, p
     saved += (c * N * C + c * C * E) if mixed else p * N * C  # the router's input (and weight)
     saved += 4 * N * E + 8 * N * k + 4 * N + 4 * N * k + 16 * A + 4 * E
