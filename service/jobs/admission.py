@@ -27,6 +27,12 @@ gradient, optimizer and activation bytes from shapes; FLOPs) replayed by the sim
 The limit on memory is `job_max_bytes` (default 80% of this machine's physical memory), and on
 cuda also the worker's probed device memory; the limit on time is the job's `timeout_s` when
 given (at most `job_timeout_s`), else `job_timeout_s`.
+A run also measures its plan's timeline op by op (`memplan.executor.timeline`, a warm-up step and
+the measured one: two more passes). A Hugging Face run (`model: "hf"`) is priced from its
+config's shapes: Llama-style decoders by `memplan.profiler.hf_config.hf_analytic_profile`, GPT-2
+by the built-in GPT's analytic profile of the same shapes (the same layers: learned positions,
+LayerNorm, GELU MLP); one model (no reference copy), and the passes `run_hf_config` makes (3
+profiling repeats and a warm-up, `steps` loop steps, a measured step and 2 timed ones).
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ class JobEstimate:
     memory_limit_bytes: int | None
     time_limit_s: float
     device: str
+    activation_bytes: int = 0  # of `memory_bytes`, the store-all activation peak
 
 
 def physical_memory_bytes() -> int | None:
@@ -124,17 +131,44 @@ def _typed_config(models: dict[str, type[BaseModel]], model: str, config: dict[s
 
 
 def _device(request: dict[str, Any], settings: Settings, worker_device: dict[str, Any] | None) -> str:
+    if request.get("model") == "hf":
+        return "cpu"  # NOTE [ Hugging Face runs run on the CPU ]
     device = request.get("device") or settings.device
     if device is None:
         device = "cuda" if (worker_device or {}).get("kind") == "cuda" else "cpu"
     return str(device)
 
 
+def _hf_profile(cfg: BaseModel, dev: str):
+    """The analytic profile of a Hugging Face run's model at its batch (NOTE [ The estimate of a job ])."""
+    from memplan.profiler import analytic
+    from memplan.profiler.hf_config import decoder_shape, hf_analytic_profile
+    from memplan.profiler.schema import ProfileError
+
+    try:
+        shape = decoder_shape(cfg.hf_config)
+        if shape.family != "gpt2":
+            return hf_analytic_profile(shape, seq_len=cfg.seq, batch_size=cfg.batch_size, device=dev)
+        return analytic.gpt_analytic_profile(
+            {"n_layer": shape.n_layer, "n_embd": shape.hidden_size, "n_head": shape.n_head,
+             "block_size": cfg.seq, "vocab_size": shape.vocab_size, "batch_size": cfg.batch_size,
+             "ffn_hidden": shape.intermediate_size, "tie_weights": shape.tie_embeddings}, device=dev)
+    except ProfileError as err:
+        name, sep, rest = str(err).partition(": ")
+        if sep and name.startswith("config."):  # decoder_shape's names are the config's fields
+            raise AdmissionError(f"body.config.hf_{name}", rest) from None
+        if sep and name.replace(", ", "").replace("_", "").isalnum():
+            raise AdmissionError("body.config.batch_size", f"{name}: {rest}") from None
+        raise AdmissionError("body.config.hf_config", str(err)) from None
+
+
 def _analytic_profile(kind: str, model: str, cfg: BaseModel, request: dict[str, Any], device: str):
     from memplan.profiler import analytic
 
-    c = cfg.model_dump()
     dev = "cuda" if device.startswith("cuda") else "cpu"
+    if model == "hf":
+        return _hf_profile(cfg, dev)
+    c = cfg.model_dump()
     if kind == "profile":
         if model == "gpt":
             return analytic.gpt_analytic_profile({**c, "exit_layers": tuple(c["exit_layers"])}, device=dev)
@@ -164,10 +198,12 @@ def estimate(kind: str, model: str, cfg: BaseModel, request: dict[str, Any], set
     memory = fixed + sim.peak_bytes
     if kind == "profile":
         parts = {"body.repeats": step_s * (int(request.get("repeats", 5)) + int(request.get("warmup", 2)))}
+    elif model == "hf":  # run_hf_config: profile (3 + 1), the loop, measure_step (1 + 2)
+        parts = {"body.config": step_s * (4 + 3), "body.steps": step_s * int(request.get("steps", 3))}
     else:
         repeats = int(getattr(cfg, "repeats", 3))
-        memory += fixed  # the reference model and optimizer
-        parts = {"body.config.repeats": step_s * (repeats + 1),
+        memory += fixed  # the reference model and optimizer (a built-in run; not a Hugging Face one)
+        parts = {"body.config.repeats": step_s * (repeats + 1 + (2 if kind == "run" else 0)),
                  "body.steps": step_s * 2 * int(request.get("steps", 2 if kind == "sweep-cell" else 3))}
     limit_mem = job_memory_limit(settings)
     total = (worker_device or {}).get("total_bytes")
@@ -176,11 +212,27 @@ def estimate(kind: str, model: str, cfg: BaseModel, request: dict[str, Any], set
     asked = request.get("timeout_s")
     limit_t = min(settings.job_timeout_s, float(asked)) if asked else settings.job_timeout_s
     return JobEstimate(memory_bytes=int(memory), time_s=float(sum(parts.values())), time_parts=parts,
-                       memory_limit_bytes=limit_mem, time_limit_s=limit_t, device=device)
+                       memory_limit_bytes=limit_mem, time_limit_s=limit_t, device=device,
+                       activation_bytes=int(sim.peak_bytes))
 
 
 def _gib(n: int) -> str:
     return f"{n:,} bytes ({n / 2**30:.3g} GiB)"
+
+
+def _check_hf_run(request: dict[str, Any]) -> None:
+    """The run settings a Hugging Face run (executor.install.run_hf_config) does not take."""
+    if request.get("features"):
+        raise AdmissionError("body.features", "a Hugging Face run takes the model its config describes; "
+                             "features apply to the built-in GPT (model gpt): remove them")
+    if request.get("autocast_dtype"):
+        raise AdmissionError("body.autocast_dtype", "a Hugging Face run trains in fp32 (as memplan run "
+                             "--hf-config); remove autocast_dtype")
+    device = request.get("device")
+    if device not in (None, "cpu"):
+        raise AdmissionError("body.device", "a Hugging Face run runs on the CPU in this build "
+                             "(NOTE [ Hugging Face runs run on the CPU ] in service/jobs/kinds.py); "
+                             "ask for cpu or leave it null")
 
 
 def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: str,
@@ -202,6 +254,8 @@ def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: s
     model = request.get("model", "gpt")
     cfg = _typed_config(declared[1], model, dict(request.get("config") or {}),
                         model_field=f"{model_prefix}.model", config_field=f"{model_prefix}.config")
+    if kind == "run" and model == "hf":
+        _check_hf_run(request)
     if kind == "profile" and request.get("analytic"):
         return None  # derived from shapes: nothing is executed, nothing to estimate
     depth = getattr(cfg, "n_layer", 0)
@@ -209,6 +263,16 @@ def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: s
         raise AdmissionError(f"{model_prefix}.config.n_layer", f"a measured profile has at most "
                              f"{MEASURED_MAX_LAYERS:,} blocks, got {depth:,}; ask for analytic: true")
     est = estimate(kind, model, cfg, request, settings, worker_device=worker_device)
+    if est.memory_limit_bytes is not None and est.memory_bytes > est.memory_limit_bytes and model == "hf":
+        model_alone = est.memory_bytes - est.activation_bytes
+        field = "hf_config" if model_alone > est.memory_limit_bytes else "batch_size"
+        raise AdmissionError(
+            f"{model_prefix}.config.{field}",
+            f"the run needs at least {_gib(est.memory_bytes)} on cpu ({_gib(model_alone)} of parameters, "
+            f"gradients and AdamW state, the rest activations at batch_size x seq), over the limit of "
+            f"{_gib(est.memory_limit_bytes)} (MEMPLAN_JOB_MAX_BYTES); "
+            + ("give a smaller model (layers, width, vocabulary)" if field == "hf_config"
+               else "make batch_size or seq smaller"), kind="too-large")
     if est.memory_limit_bytes is not None and est.memory_bytes > est.memory_limit_bytes:
         raise AdmissionError(
             f"{model_prefix}.config",

@@ -17,13 +17,14 @@ admission (admission.MEASURED_MAX_LAYERS), which also keeps the estimate's repla
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 __all__ = [
-    "GPTRunConfig", "ConvRunConfig", "GPTSweepConfig", "ConvSweepConfig", "GPTProfileConfig",
-    "ConvProfileConfig", "RUN_CONFIGS", "SWEEP_CONFIGS", "PROFILE_CONFIGS",
+    "GPTRunConfig", "ConvRunConfig", "HFRunConfig", "GPTSweepConfig", "ConvSweepConfig", "GPTProfileConfig",
+    "ConvProfileConfig", "RUN_CONFIGS", "SWEEP_CONFIGS", "PROFILE_CONFIGS", "HF_RUN_MODEL_TYPES",
 ]
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
@@ -62,6 +63,65 @@ class ConvRunConfig(BaseModel):
     n_layer: int = Field(default=6, ge=1, le=256, description="residual blocks per group (3 groups)")
     batch_size: int = Field(default=8, ge=1, le=4096, description="examples per step")
     repeats: int = Field(default=3, ge=1, le=100, description="profiling repeats per stage")
+
+
+# NOTE [ Hugging Face run configs ]
+# 1. The model types a run job builds from a config are those `memplan run --hf-config` is tested
+#    on (tests/hf_tiny.py: GPT-2, Llama, Mistral, Qwen2; auto_checkpoint's cut of their layers).
+# 2. The config's size fields are held to the bounds of the built-in GPT run (layers, width,
+#    heads, vocabulary, MLP width, positions), under either of their names (GPT-2's or Llama's);
+#    its JSON to 64 KiB. Fields that ask transformers for code or quantized weights from elsewhere
+#    (`auto_map`, `quantization_config`) are refused: a run builds the model from the dict alone,
+#    with random weights, offline (HF_HUB_OFFLINE).
+# 3. Whether the fields make a valid model of that type is `memplan.profiler.hf_config.decoder_shape`'s
+#    to say at admission (422 naming `body.config.hf_config.<field>`), and the memory and time the
+#    run needs are estimated from its shapes there too (admission.py).
+HF_RUN_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2")
+_HF_SIZE_BOUNDS = {  # config field -> (least, most)
+    "n_layer": (1, 1024), "num_hidden_layers": (1, 1024), "n_embd": (1, 16384), "hidden_size": (1, 16384),
+    "n_head": (1, 256), "num_attention_heads": (1, 256), "num_key_value_heads": (1, 256),
+    "vocab_size": (1, 1 << 20), "n_inner": (1, 1 << 18), "intermediate_size": (1, 1 << 18),
+    "n_positions": (1, 32768), "max_position_embeddings": (1, 1 << 20), "head_dim": (1, 4096),
+}
+_HF_REFUSED = ("auto_map", "quantization_config")
+HF_CONFIG_MAX_BYTES = 64 << 10
+
+
+class HFRunConfig(BaseModel):
+    """A run of a Hugging Face causal LM built from its config.json (random weights, nothing
+    downloaded), as `memplan run --hf-config` does: `auto_checkpoint` on a random batch, a plain
+    AdamW loop on fresh batches, and one measured step against the plan's prediction."""
+
+    model_config = _STRICT
+
+    hf_config: dict[str, Any] = Field(description="the model's config.json as an object; model_type one of "
+                                      + ", ".join(HF_RUN_MODEL_TYPES))
+    seq: int = Field(default=64, ge=1, le=32768, description="tokens per sequence")
+    batch_size: int = Field(default=4, ge=1, le=4096, description="sequences per step")
+
+    @model_validator(mode="after")
+    def _check(self) -> HFRunConfig:
+        cfg = self.hf_config
+        mt = cfg.get("model_type")
+        if mt not in HF_RUN_MODEL_TYPES:
+            raise ValueError(f"hf_config.model_type: one of {', '.join(HF_RUN_MODEL_TYPES)}, got {mt!r}")
+        size = len(json.dumps(cfg, separators=(",", ":")))
+        if size > HF_CONFIG_MAX_BYTES:
+            raise ValueError(f"hf_config: at most {HF_CONFIG_MAX_BYTES:,} bytes of JSON, got {size:,}")
+        for key in _HF_REFUSED:
+            if cfg.get(key):
+                raise ValueError(f"hf_config.{key}: not allowed; a run builds the model from this config "
+                                 "alone (random weights, nothing loaded); remove it")
+        for key, (lo, hi) in _HF_SIZE_BOUNDS.items():
+            if key in cfg and cfg[key] is not None:
+                v = cfg[key]
+                if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                    raise ValueError(f"hf_config.{key}: an integer from {lo} to {hi:,}, got {v!r}")
+        positions = cfg.get("n_positions") if mt == "gpt2" else None
+        if isinstance(positions, int) and self.seq > positions:
+            raise ValueError(f"seq: at most the config's n_positions ({positions}; GPT-2's positions are "
+                             f"learned), got {self.seq}")
+        return self
 
 
 class GPTProfileConfig(BaseModel):
@@ -145,6 +205,6 @@ class ConvSweepConfig(ConvRunConfig):
     features: str | None = Field(default=None, max_length=64, description="comma-separated")
 
 
-RUN_CONFIGS: dict[str, type[BaseModel]] = {"gpt": GPTRunConfig, "conv": ConvRunConfig}
+RUN_CONFIGS: dict[str, type[BaseModel]] = {"gpt": GPTRunConfig, "conv": ConvRunConfig, "hf": HFRunConfig}
 SWEEP_CONFIGS: dict[str, type[BaseModel]] = {"gpt": GPTSweepConfig, "conv": ConvSweepConfig}
 PROFILE_CONFIGS: dict[str, type[BaseModel]] = {"gpt": GPTProfileConfig, "conv": ConvProfileConfig}

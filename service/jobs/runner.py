@@ -65,6 +65,23 @@ class JobContext:
         """A line in the job's event stream (dropped when this start is no longer current)."""
         self._store.log_event(self.job_id, "log", {"message": message}, lease=self.lease)
 
+    def keep_artifact(self, name: str, data: bytes, media_type: str | None = None) -> Any:
+        """Keep `data` as the job's artifact `name` (NOTE [ Job artifacts ] in artifacts.py).
+        Returns the `ArtifactInfo` listed for it (absent, with the reason, when over the size
+        limits). Raises `LeaseLost` when this start is no longer current."""
+        info = self._store.keep_artifact(self.job_id, name, data, media_type=media_type, lease=self.lease)
+        if info is None:
+            raise LeaseLost()
+        return info
+
+    def artifact_absent(self, name: str, reason: str) -> Any:
+        """List artifact `name` as absent, saying `reason`. Returns its `ArtifactInfo`. Raises
+        `LeaseLost` when this start is no longer current."""
+        info = self._store.artifact_absent(self.job_id, name, reason, lease=self.lease)
+        if info is None:
+            raise LeaseLost()
+        return info
+
 
 _OOM_TEXT = ("can't allocate memory", "cannot allocate memory", "out of memory", "not enough memory")
 

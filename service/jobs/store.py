@@ -24,6 +24,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from memplan.service.jobs.artifacts import (
+    MAX_ARTIFACT_BYTES,
+    MAX_JOB_ARTIFACT_BYTES,
+    ArtifactInfo,
+    check_name,
+    media_type_for,
+)
 from pydantic import BaseModel, Field, PrivateAttr
 
 __all__ = [
@@ -34,6 +41,7 @@ __all__ = [
     "QueueFull",
     "IdempotencyConflict",
     "TERMINAL_STATES",
+    "artifact_href",
     "body_hash",
 ]
 
@@ -74,6 +82,9 @@ class Job(BaseModel):
     request: dict[str, Any] = Field(description="the accepted request body")
     result: dict[str, Any] | None = Field(default=None, description="the library's result, as JSON")
     error: JobError | None = None
+    artifacts: list[ArtifactInfo] = Field(
+        default_factory=list, description="files the job kept (GET the `href`), or could not keep and why: "
+        "a run's measured timeline, on CUDA its allocator snapshot (NOTE [ Job artifacts ])")
     _lease: str | None = PrivateAttr(default=None)
 
     @property
@@ -126,7 +137,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     worker_id TEXT,
     runner_pid INTEGER,
     lease TEXT,
-    runner_start INTEGER
+    runner_start INTEGER,
+    artifacts TEXT
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(kind, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
@@ -139,6 +151,13 @@ CREATE TABLE IF NOT EXISTS events (
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, seq);
+CREATE TABLE IF NOT EXISTS artifacts (
+    job_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    media_type TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (job_id, name)
+);
 CREATE TABLE IF NOT EXISTS workers (
     id TEXT PRIMARY KEY,
     pid INTEGER NOT NULL,
@@ -157,7 +176,20 @@ def body_hash(body: Any) -> str:
 
 
 # columns added after the first release; `JobStore` adds them to an older store on open
-_ADDED_COLUMNS = {"lease": "TEXT", "runner_start": "INTEGER"}
+_ADDED_COLUMNS = {"lease": "TEXT", "runner_start": "INTEGER", "artifacts": "TEXT"}
+
+
+def artifact_href(job_id: str, name: str) -> str:
+    """The path an artifact is served at (service/routers/runs.py's jobs router)."""
+    return f"/v1/jobs/{job_id}/artifacts/{name}"
+
+
+def _artifacts(job_id: str, raw: str | None) -> list[ArtifactInfo]:
+    out = []
+    for entry in json.loads(raw) if raw else []:
+        kept = entry.get("size_bytes") is not None
+        out.append(ArtifactInfo(**entry, href=artifact_href(job_id, entry["name"]) if kept else None))
+    return out
 
 
 def _row_to_job(row: sqlite3.Row) -> Job:
@@ -175,6 +207,7 @@ def _row_to_job(row: sqlite3.Row) -> Job:
         request=json.loads(row["request"]),
         result=json.loads(row["result"]) if row["result"] is not None else None,
         error=json.loads(row["error"]) if row["error"] is not None else None,
+        artifacts=_artifacts(row["id"], row["artifacts"]) if "artifacts" in row.keys() else [],
     )
     job._lease = row["lease"]
     return job
@@ -412,9 +445,10 @@ class JobStore:
             db.execute(
                 "UPDATE jobs SET state = 'running', started_at = ?, attempts = attempts + 1,"
                 " worker_id = ?, progress = 0, message = 'started', lease = ?, runner_pid = NULL,"
-                " runner_start = NULL WHERE id = ?",
+                " runner_start = NULL, artifacts = NULL WHERE id = ?",
                 (now, worker_id, uuid.uuid4().hex, row["id"]),
             )
+            db.execute("DELETE FROM artifacts WHERE job_id = ?", (row["id"],))
             self._event(db, row["id"], "state", {"state": "running"})
             out = db.execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone()
         return _row_to_job(out)
@@ -615,6 +649,61 @@ class JobStore:
         out = dict(row)
         out["device"] = json.loads(out["device"]) if out["device"] else None
         return out
+
+    # -- artifacts -------------------------------------------------------------------------------
+
+    def _record_artifact(self, job_id: str, entry: dict[str, Any], data: bytes | None,
+                         lease: str | None) -> ArtifactInfo | None:
+        """Replace the artifact `entry["name"]` of a running job (under `lease`) by `entry`, and its
+        bytes by `data` (None: none stored). None when the job is not running under `lease`."""
+        fence, args = self._fence(lease)
+        name = entry["name"]
+        with self._tx() as db:
+            row = db.execute("SELECT artifacts FROM jobs WHERE id = ? AND state = 'running'" + fence,
+                             (job_id, *args)).fetchone()
+            if row is None:
+                return None
+            others = [e for e in (json.loads(row["artifacts"]) if row["artifacts"] else []) if e["name"] != name]
+            if data is not None:
+                held = sum(e.get("size_bytes") or 0 for e in others)
+                if len(data) > MAX_ARTIFACT_BYTES or held + len(data) > MAX_JOB_ARTIFACT_BYTES:
+                    entry = {"name": name, "media_type": entry["media_type"],
+                             "reason": f"{len(data):,} bytes, over the store's limit of {MAX_ARTIFACT_BYTES:,} "
+                                       f"bytes a file and {MAX_JOB_ARTIFACT_BYTES:,} a job ({held:,} held "
+                                       "already; service/jobs/artifacts.py)"}
+                    data = None
+            db.execute("DELETE FROM artifacts WHERE job_id = ? AND name = ?", (job_id, name))
+            if data is not None:
+                db.execute("INSERT INTO artifacts (job_id, name, media_type, data) VALUES (?, ?, ?, ?)",
+                           (job_id, name, entry["media_type"], sqlite3.Binary(data)))
+            db.execute("UPDATE jobs SET artifacts = ? WHERE id = ?", (json.dumps([*others, entry]), job_id))
+            kept = f"kept {name} ({len(data):,} bytes)" if data is not None else f"no {name}: {entry['reason']}"
+            self._event(db, job_id, "log", {"message": kept, "artifact": name})
+        return ArtifactInfo(**entry, href=artifact_href(job_id, name) if data is not None else None)
+
+    def keep_artifact(self, job_id: str, name: str, data: bytes, *, media_type: str | None = None,
+                      lease: str | None = None) -> ArtifactInfo | None:
+        """Keep `data` as the running job's artifact `name` (NOTE [ Job artifacts ]); over the size
+        limits it is listed as absent with the reason instead. Returns what the job's JSON now lists
+        for it, or None (nothing written) when the job is not running under `lease`. Raises
+        ValueError for a name that is not a plain artifact name."""
+        check_name(name)
+        entry = {"name": name, "media_type": media_type or media_type_for(name), "size_bytes": len(data)}
+        return self._record_artifact(job_id, entry, bytes(data), lease)
+
+    def artifact_absent(self, job_id: str, name: str, reason: str, *, lease: str | None = None
+                        ) -> ArtifactInfo | None:
+        """List artifact `name` of the running job as absent, for `reason` (e.g. no CUDA for an
+        allocator snapshot). Returns the entry, or None when the job is not running under `lease`."""
+        check_name(name)
+        entry = {"name": name, "media_type": media_type_for(name), "reason": str(reason)[:1000]}
+        return self._record_artifact(job_id, entry, None, lease)
+
+    def artifact(self, job_id: str, name: str) -> tuple[str, bytes] | None:
+        """(media type, bytes) of a job's kept artifact `name`; None when there is none."""
+        row = self._conn().execute("SELECT media_type, data FROM artifacts WHERE job_id = ? AND name = ?",
+                                   (job_id, name)).fetchone()
+        return (row["media_type"], bytes(row["data"])) if row is not None else None
 
     # -- events ----------------------------------------------------------------------------------
 

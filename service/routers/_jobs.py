@@ -1,5 +1,6 @@
 """What the job resources (runs, profiles) share: submit with idempotency and a queue limit, read,
-list, cancel, wait (`Prefer: wait=N`) and stream events (server-sent events)."""
+list, cancel, wait (`Prefer: wait=N`), stream events (server-sent events) and serve the files a job
+kept (its artifacts)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from memplan.service.jobs.artifacts import check_name
 from memplan.service.jobs.admission import AdmissionError, admit
 from memplan.service.jobs.store import (
     TERMINAL_STATES,
@@ -27,7 +29,7 @@ from memplan.service.settings import Settings
 from pydantic import BaseModel, Field
 
 __all__ = ["JobList", "submit", "check_admission", "get_or_404", "list_jobs", "cancel", "stream_events",
-           "MAX_WAIT_S"]
+           "artifact_response", "MAX_WAIT_S"]
 
 MAX_WAIT_S = 60.0
 _WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
@@ -134,6 +136,32 @@ def get_or_404(store: JobStore, job_id: str, *, kind: str) -> Job:
     if job is None or job.kind != kind:
         raise ProblemError(404, f"no {kind} with id {job_id!r}", kind="not-found")
     return job
+
+
+def artifact_response(store: JobStore, job_id: str, name: str) -> Response:
+    """The bytes of job `job_id`'s artifact `name` with its media type, as an attachment. A name
+    that is not a plain file name: 422 naming `path.name`; an unknown job or artifact: 404 (saying
+    why, when the job lists the artifact as absent)."""
+    try:
+        check_name(name)
+    except ValueError as err:
+        msg = str(err).removeprefix("name: ")
+        raise ProblemError(422, f"path.name: {msg}", kind="validation",
+                           errors=[FieldError(field="path.name", message=msg)]) from None
+    job = store.get(job_id)
+    if job is None:
+        raise ProblemError(404, f"no job with id {job_id!r}", kind="not-found")
+    found = store.artifact(job_id, name)
+    if found is None:
+        listed = next((a for a in job.artifacts if a.name == name), None)
+        why = (f"job {job_id} did not keep {name!r}: {listed.reason}" if listed is not None and listed.reason
+               else f"job {job_id} has no artifact {name!r}; its JSON lists those it has "
+                    f"({', '.join(a.name for a in job.artifacts if a.href) or 'none'})")
+        raise ProblemError(404, why, kind="not-found")
+    media_type, data = found
+    return Response(data, media_type=media_type, headers={
+        "Content-Disposition": f'attachment; filename="{name}"', "X-Content-Type-Options": "nosniff",
+        "Cache-Control": "private, no-cache"})
 
 
 def list_jobs(

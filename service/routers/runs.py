@@ -1,12 +1,15 @@
 """`/v1/runs`: validation runs of the executor (profile a built-in model, plan it, run the plan and
-compare measured against predicted), queued and run by the worker."""
+compare measured against predicted; or a Hugging Face model built from its config, with the plan
+installed), queued and run by the worker; and `/v1/jobs/{id}/artifacts/{name}`: the files a job
+kept (a run's measured timeline, on CUDA its allocator snapshot; NOTE [ Job artifacts ])."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from memplan.service.deps import (
     IdempotencyKey,
     JobId,
@@ -22,11 +25,12 @@ from memplan.service.problems import problem_responses
 from memplan.service.routers import _jobs
 from memplan.service.routers._jobs import JobList
 from memplan.service.routers.plans import OptionValue, StrategyName
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 __all__ = ["router", "RunRequest"]
 
-router = APIRouter(prefix="/v1/runs", tags=["runs"], dependencies=[Depends(require_api_key)])
+runs_router = APIRouter(prefix="/v1/runs", tags=["runs"], dependencies=[Depends(require_api_key)])
+jobs_router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_api_key)])
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -37,11 +41,13 @@ class RunRequest(BaseModel):
 
     model_config = _STRICT
 
-    model: str = Field(default="gpt", min_length=1, max_length=64, description="built-in model family")
-    config: dict[str, OptionValue] = Field(
+    model: str = Field(default="gpt", min_length=1, max_length=64,
+                       description="built-in model family (gpt, conv), or hf: a Hugging Face model from its config")
+    config: dict[str, OptionValue | dict[str, JsonValue]] = Field(
         default_factory=dict, description="the model's settings of executor.pipeline.RunSpec (gpt: n_layer, n_embd, "
-        "n_head, block_size, vocab_size, batch_size, dropout, repeats; conv: n_layer, batch_size, repeats), "
-        "checked at submission against their bounds (docs/service.md) and the job's estimated memory "
+        "n_head, block_size, vocab_size, batch_size, dropout, repeats; conv: n_layer, batch_size, repeats); "
+        "hf: hf_config (a config.json object, model_type gpt2, llama, mistral or qwen2), seq, batch_size. "
+        "Checked at submission against their bounds (docs/service.md) and the job's estimated memory "
         "and time against the server's limits: 422 naming the field"
     )
     budget_bytes: int | None = Field(default=None, ge=0, description="activation budget, bytes")
@@ -66,7 +72,7 @@ _JOB_RESPONSES = {
 }
 
 
-@router.post(
+@runs_router.post(
     "",
     status_code=202,
     response_model=Job,
@@ -90,7 +96,7 @@ async def create_run(
     )
 
 
-@router.get("", response_model=JobList, summary="List runs, newest first", responses=problem_responses(401, 422))
+@runs_router.get("", response_model=JobList, summary="List runs, newest first", responses=problem_responses(401, 422))
 def list_runs(
     store: StoreDep,
     state: Annotated[JobState | None, Query()] = None,
@@ -100,7 +106,7 @@ def list_runs(
     return _jobs.list_jobs(store, kind="run", state=state, limit=limit, before=before)
 
 
-@router.get(
+@runs_router.get(
     "/{run_id}", response_model=Job, summary="A run: state, progress, result or error",
     responses=problem_responses(401, 404, 422),
 )
@@ -108,7 +114,7 @@ def get_run(run_id: JobId, store: StoreDep) -> Job:
     return _jobs.get_or_404(store, run_id, kind="run")
 
 
-@router.post(
+@runs_router.post(
     "/{run_id}/cancel",
     response_model=Job,
     summary="Cancel a run (its process ends, freeing its device memory)",
@@ -119,7 +125,7 @@ def cancel_run(run_id: JobId, store: StoreDep) -> JSONResponse:
     return _jobs.cancel(store, run_id, kind="run")
 
 
-@router.get(
+@runs_router.get(
     "/{run_id}/events",
     summary="Progress as server-sent events",
     description="`text/event-stream`: `state`, `progress` and `log` events (with `id:` for "
@@ -159,3 +165,30 @@ async def run_events(
     job = _jobs.get_or_404(store, run_id, kind="run")
     start = _jobs.last_event_id(last_event_id, after)
     return await _jobs.stream_events(request, store, job, after=start, settings=settings)
+
+
+ArtifactName = Annotated[str, PathParam(min_length=1, max_length=255,
+                                        description="an artifact's name as the job lists it, e.g. timeline.json")]
+
+
+@jobs_router.get(
+    "/{job_id}/artifacts/{name}",
+    summary="A file a job kept: a run's measured timeline, on CUDA its allocator snapshot",
+    description="The job's JSON lists its `artifacts` (name, media type, bytes, `href`; or the reason "
+    "one is absent). `timeline.json` is memplan-timeline/1 (the plan's predicted bytes per op and the "
+    "measured ones); `snapshot.pickle` is torch.cuda.memory._dump_snapshot's file for "
+    "https://pytorch.org/memory_viz. 404 when the job or the artifact is unknown (the detail says why "
+    "an absent one is absent); 422 for a name that is not a plain file name.",
+    response_class=Response,
+    responses={200: {"description": "the file, as an attachment",
+                     "content": {"application/json": {"schema": {"type": "object"}},
+                                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+               **problem_responses(401, 404, 422)},
+)
+def get_artifact(job_id: JobId, name: ArtifactName, store: StoreDep) -> Response:
+    return _jobs.artifact_response(store, job_id, name)
+
+
+router = APIRouter()  # what the app includes: the runs and the jobs' artifacts
+router.include_router(runs_router)
+router.include_router(jobs_router)

@@ -40,7 +40,27 @@ def run(request: dict, ctx) -> dict:
     for i in range(steps):
         time.sleep(delay)
         ctx.progress((i + 1) / steps, f"step {i + 1}/{steps}")
+    if cfg.get("timeline"):
+        _keep_timeline(ctx, int(cfg["timeline"]))
     return {"steps": steps, "pid": os.getpid(), "held": hold is not None, "echo": cfg.get("echo")}
+
+
+def _keep_timeline(ctx, n_stages: int) -> None:
+    """Keep a timeline artifact as the real run job does (timeline.json, memplan-timeline/1), for
+    the sqrt plan of a small chain, with stand-in "measured" bytes (the prediction less 8 bytes
+    on every third op, so a page drawing both can be told apart), and list the snapshot as absent."""
+    from memplan.planner import plan as make_plan
+    from memplan.planner.timeline import plan_timeline
+    from memplan.profiler.schema import load_profile
+
+    from tests.service.conftest import make_profile
+
+    prof = load_profile(make_profile(n_stages))
+    tl = plan_timeline(prof, make_plan(prof, strategy="sqrt"))
+    measured = [b - 8 * (k % 3 == 2) for k, b in enumerate(tl.predicted_bytes)]
+    tl = tl.model_copy(update={"measured_bytes": measured, "measured_device": "cpu"})
+    ctx.keep_artifact("timeline.json", tl.model_dump_json(indent=1).encode(), "application/json")
+    ctx.artifact_absent("snapshot.pickle", "a fake run: no CUDA allocator to record")
 
 
 def profile(request: dict, ctx) -> dict:
