@@ -11,6 +11,20 @@ this as a formula (`in_flight`) and checks it against an event simulation of the
 (`simulate_1f1b`: each op waits for its stage's previous op and for its data, the forward of the
 stage before or the backward of the stage after), which also gives the schedule's makespan,
 (M + P - 1)(f + b) for uniform stage times.
+
+NOTE [ Interleaved 1F1B in flight ]
+The interleaved schedule (Narayanan et al. 2021, section 2.2.2; Megatron-LM's
+forward_backward_pipelining_with_interleaving) gives each of the P ranks v model chunks (chunk j
+of rank p holds the layers of virtual stage j P + p) and runs M micro-batches (M a multiple of P)
+as M v chunk-micro-batches. Its k-th forward on a rank is chunk (k mod P v) div P of micro-batch
+(k div P v) P + k mod P, its k-th backward the same with chunk v - 1 - that; rank p runs
+W = min(2 (P - p - 1) + (v - 1) P, M v) warm-up forwards (all M v when M = P), then alternates one
+forward and one backward, then drains. So rank p holds at most min(W + 1, M v) chunk-micro-batches
+of activations, each 1 / v of its layers: rank 0 holds L/P (1 + (P - 1)/(P v)) layers' worth of
+micro-batches against 1F1B's L (Korthikanti et al. 2022, section 4.2.3), and the bubble shrinks
+from (P - 1)/M to (P - 1)/(v M) of the step. `in_flight_interleaved` states it; the event
+simulation `simulate_interleaved` (each chunk's forward after the previous virtual stage's, each
+backward after the next virtual stage's and its own forward) checks it.
 """
 
 from __future__ import annotations
@@ -20,7 +34,8 @@ from dataclasses import dataclass
 from memplan.planner.schema import PlanError
 
 __all__ = ["one_f_one_b", "in_flight", "simulate_1f1b", "PipelineSimulation", "split_layers",
-           "pipeline_stage_bytes"]
+           "pipeline_stage_bytes", "interleaved_1f1b", "in_flight_interleaved", "simulate_interleaved",
+           "bubble_fraction"]
 
 
 def _check(P: int, M: int) -> None:
@@ -96,6 +111,96 @@ def simulate_1f1b(P: int, M: int, *, forward_s: float = 1.0, backward_s: float =
         if not progressed:  # pragma: no cover - the 1F1B order never deadlocks
             raise PlanError("schedule: deadlock (an op waits on one that comes later)")
     return PipelineSimulation(max_in_flight=tuple(peak), makespan_s=max(done.values()))
+
+
+def _check_v(P: int, M: int, v: int) -> None:
+    _check(P, M)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise PlanError(f"virtual_stages: expected an integer >= 1, got {v!r}")
+    if v > 1 and M % P:
+        raise PlanError(f"micro_batches: the interleaved schedule runs a multiple of pp ({P}) "
+                        f"micro-batches, got {M}")
+
+
+def interleaved_1f1b(P: int, M: int, v: int) -> list[list[tuple[str, int, int]]]:
+    """The interleaved 1F1B order of `P` ranks with `v` model chunks each over `M` micro-batches
+    (NOTE [ Interleaved 1F1B in flight ]): per rank a list of ("F" or "B", chunk, micro-batch)."""
+    _check_v(P, M, v)
+    total = M * v
+
+    def op(kind: str, k: int) -> tuple[str, int, int]:
+        j = (k % (P * v)) // P
+        m = (k // (P * v)) * P + k % P
+        return (kind, j if kind == "F" else v - 1 - j, m)
+
+    orders = []
+    for p in range(P):
+        warm = total if M == P else min(2 * (P - p - 1) + (v - 1) * P, total)
+        ops = [op("F", k) for k in range(warm)]
+        f, b = warm, 0
+        while f < total:
+            ops += [op("F", f), op("B", b)]
+            f, b = f + 1, b + 1
+        ops += [op("B", k) for k in range(b, total)]
+        orders.append(ops)
+    return orders
+
+
+def in_flight_interleaved(P: int, M: int, v: int, p: int) -> int:
+    """Chunk-micro-batches whose activations rank `p` (0-based) of `P` holds at most under the
+    interleaved schedule with `v` chunks a rank and `M` micro-batches (NOTE [ Interleaved 1F1B in
+    flight ]); each is one chunk's layers (1 / v of the rank's). v = 1 is 1F1B's min(P - p, M)."""
+    _check_v(P, M, v)
+    if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < P:
+        raise PlanError(f"stage: expected 0 <= stage < pp ({P}), got {p!r}")
+    if v == 1:
+        return min(P - p, M)
+    if M == P:
+        return M * v
+    return min(2 * (P - p - 1) + (v - 1) * P + 1, M * v)
+
+
+def simulate_interleaved(P: int, M: int, v: int, *, forward_s: float = 1.0,
+                         backward_s: float = 2.0) -> PipelineSimulation:
+    """Run the interleaved schedule (`interleaved_1f1b`) as events with uniform chunk op times
+    (seconds, for one chunk: 1 / v of a rank's layers): F(p, j, m) after F(p - 1, j, m) (rank 0:
+    after F(P - 1, j - 1, m)), B(p, j, m) after B(p + 1, j, m) (rank P - 1: after B(0, j + 1, m))
+    and F(p, j, m). Returns per rank the most chunk-micro-batches in flight and the makespan."""
+    orders = interleaved_1f1b(P, M, v)
+    done: dict[tuple[str, int, int, int], float] = {}
+    pos, free, held, peak = [0] * P, [0.0] * P, [0] * P, [0] * P
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for p in range(P):
+            if pos[p] == len(orders[p]):
+                continue
+            kind, j, m = orders[p][pos[p]]
+            if kind == "F":
+                deps = [("F", p - 1, j, m)] if p > 0 else ([("F", P - 1, j - 1, m)] if j > 0 else [])
+            else:
+                deps = [("F", p, j, m)]
+                deps += [("B", p + 1, j, m)] if p < P - 1 else ([("B", 0, j + 1, m)] if j < v - 1 else [])
+            if any(d not in done for d in deps):
+                continue
+            end = max([free[p], *(done[d] for d in deps)]) + (forward_s if kind == "F" else backward_s)
+            done[(kind, p, j, m)] = free[p] = end
+            held[p] += 1 if kind == "F" else -1
+            peak[p] = max(peak[p], held[p])
+            pos[p] += 1
+            remaining -= 1
+            progressed = True
+        if not progressed:
+            raise PlanError(f"schedule: the interleaved order of pp={P}, micro_batches={M}, "
+                            f"virtual_stages={v} deadlocks")
+    return PipelineSimulation(max_in_flight=tuple(peak), makespan_s=max(done.values()))
+
+
+def bubble_fraction(P: int, M: int, v: int = 1) -> float:
+    """The pipeline bubble as a fraction of the ideal step: (P - 1) / (v M) (Narayanan et al.
+    2021, sections 2.2.1-2.2.2); the step takes (1 + bubble) times M micro-batches' stage time."""
+    _check_v(P, M, v)
+    return (P - 1) / (v * M)
 
 
 def split_layers(n_layers: int, P: int) -> list[range]:

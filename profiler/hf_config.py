@@ -27,7 +27,7 @@ from typing import Any
 from memplan.profiler.schema import ProfileError
 
 __all__ = ["DecoderShape", "ParamCounts", "decoder_shape", "param_counts", "n_params", "FAMILIES",
-           "hf_analytic_profile", "hf_model", "measure_hf_config"]
+           "hf_analytic_profile", "hf_model", "measure_hf_config", "check_split"]
 
 # model_type -> the family whose layer layout it has
 FAMILIES: dict[str, str] = {
@@ -314,6 +314,35 @@ def n_params(config: DecoderShape | str | Path | dict) -> int:
 # layers yet): forward p NC plus the larger of the MLP's 2 c N F and eager's 4 B H T^2 scores;
 # backward twice the layer's largest intermediates.
 
+# NOTE [ Tensor, sequence and context parallel bytes per rank ]
+# One rank of a Megatron-style split (Shoeybi et al. 2019; Korthikanti et al. 2022, "Reducing
+# activation recomputation in large transformer models", section 4 and table 2) of the layer above,
+# over t tensor-parallel ranks (heads and the MLP's F columns split; H, KV and F divisible by t),
+# with SP (sequence parallelism) or not, and c context-parallel ranks (each sequence's T tokens
+# split; T divisible by c). Per rank N = B T / c tokens; the norms and the residual stream hold
+# Ns = N / t of them under SP, N without.
+#   1. Split by t: q, k, v, the attention output, the logsumexp or the softmax (H / t heads), the
+#      MLP's four F-wide tensors (F / t), autocast's copies of the q, k, v, o, gate, up, down
+#      weights (their shards).
+#   2. Whole on every tensor-parallel rank without SP, split by t with it: the first norm's rsqrt
+#      and normalised x, the residual after attention and the second norm's, the layer's output
+#      (the stage's output), bf16's fp32 upcasts.
+#   3. Whole on every rank in both: the projections' input, p N C (autocast: each projection's
+#      16-bit copy). Under SP it is the all-gathered norm output that torch's tensor-parallel API
+#      keeps; Megatron-LM instead keeps the rank's shard and gathers it again in the backward
+#      (Korthikanti et al. 2022, section 4.2.2: 34 / t in their table), which memplan does not
+#      assume. The rotary cos and sin (p T hd each) are whole as well.
+#   4. Context parallelism: every term above on T / c tokens, except keys and values: each rank
+#      keeps the whole sequence's K and V (all-gathered, 2 c B T Dkv / t; Llama 3's all-gather
+#      context parallelism, Dubey et al. 2024, section 3.3.2) and eager's scores are T / c x T.
+# With t = 2 and SP on and off, eager and sdpa, fp32, bf16 and bf16-mixed, each rank's saved and
+# output bytes per layer are checked equal to those measured on 2 gloo processes running torch's
+# ColwiseParallel / RowwiseParallel / SequenceParallel (executor/tensor_parallel.py,
+# tests/executor/test_tensor_parallel.py). Context parallelism is derived, not measured.
+# The embedding is vocabulary-parallel (V / t rows, its output all-reduced, or reduce-scattered
+# under SP); the head is column-parallel over the vocabulary (a rank keeps its V / t logits' fp32
+# log-softmax, Megatron's vocab-parallel cross-entropy); both derived, not measured.
+
 _POLICY_BYTES = {"fp32": (4, 4), "bf16-mixed": (4, 2), "fp16-mixed": (4, 2), "bf16": (2, 2)}
 
 
@@ -370,6 +399,7 @@ def _layer_saved(s: DecoderShape, i: int, B: int, T: int, p: int, c: int, attent
 
 
 def _layer_flops(s: DecoderShape, i: int, B: int, T: int) -> int:
+    """Forward FLOPs of decoder layer `i` on B x T tokens (matrix products, attention in full)."""
     N, C, H, hd = B * T, s.hidden_size, s.n_head, s.head_dim
     D, Dkv = H * hd, s.n_kv_head * hd
     flops = 2 * N * (2 * C * D + 2 * C * Dkv) + 2 * 2 * B * H * T * T * hd
@@ -389,6 +419,9 @@ def hf_analytic_profile(
     flops_per_s: float = 1e12,
     device: str = "cpu",
     name: str | None = None,
+    tp: int = 1,
+    sp: bool = False,
+    cp: int = 1,
 ):
     """The profile of a Hugging Face decoder cut by `cut_decoder` (embedding, each decoder layer,
     final norm + head + loss) from its config alone, at `batch_size` sequences of `seq_len` tokens.
@@ -399,13 +432,19 @@ def hf_analytic_profile(
     from FLOPs at `flops_per_s` (backward twice the forward), transient bytes as stated estimates;
     `input_bytes` the batch's input_ids and labels (int64); `fixed_bytes` the model states
     `precision` keeps (weights, gradients, optimizer state; memplan.planner.precision) plus AdamW's
-    per-tensor step counters on the CPU. Raises `ProfileError` naming the field on bad input."""
+    per-tensor step counters on the CPU.
+
+    With `tp` > 1, `sp` or `cp` > 1 the profile is one rank's of a tensor-, sequence- and
+    context-parallel split (NOTE [ Tensor, sequence and context parallel bytes per rank ]): its
+    bytes, FLOPs and parameters are that rank's. Raises `ProfileError` naming the field on bad
+    input (tp not dividing the heads or the MLP width, cp not dividing seq_len)."""
     from pydantic import ValidationError
 
     try:
         return _hf_analytic_profile(config, seq_len=seq_len, batch_size=batch_size,
                                     precision=precision, attention=attention, optimizer=optimizer,
-                                    flops_per_s=flops_per_s, device=device, name=name)
+                                    flops_per_s=flops_per_s, device=device, name=name, tp=tp, sp=sp,
+                                    cp=cp)
     except ValidationError as err:  # a size beyond the profile's ceilings (NOTE [ ceilings ])
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -414,8 +453,46 @@ def hf_analytic_profile(
             "NOTE [ ceilings ] in profiler/schema.py); give a smaller model, batch or sequence") from None
 
 
+def check_split(s: DecoderShape, seq_len: int, *, tp: int = 1, sp: bool = False, cp: int = 1) -> None:
+    """Raise `ProfileError` naming the field unless decoder `s` splits over `tp` tensor-parallel
+    ranks (dividing the query and key/value heads and the MLP width; dense layers) and each
+    `seq_len`-token sequence over `cp` context-parallel ranks (times `tp` under `sp`)."""
+    for field_, v in (("tp", tp), ("cp", cp)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ProfileError(f"{field_}: expected an integer >= 1, got {v!r}")
+    if tp > 1 or sp or cp > 1:
+        if any(s.moe_layers):
+            raise ProfileError("tp: tensor, sequence and context parallelism are derived for dense "
+                               "layers; MoE layers split their experts (expert parallelism), not built")
+    for what, size in (("num_attention_heads", s.n_head), ("num_key_value_heads", s.n_kv_head),
+                       ("intermediate_size", s.intermediate_size)):
+        if size % tp:
+            raise ProfileError(f"tp: {tp} tensor-parallel ranks must divide config.{what} ({size}); "
+                               f"choose a divisor of it")
+    if seq_len % cp:
+        raise ProfileError(f"cp: {cp} context-parallel ranks must divide seq_len ({seq_len})")
+    if sp and (seq_len // cp) % tp:
+        raise ProfileError(f"sp: sequence parallelism splits each rank's {seq_len // cp} tokens over "
+                           f"tp ({tp}); choose seq_len divisible by cp x tp")
+
+
+def _rank_params(s: DecoderShape, counts: ParamCounts, tp: int) -> tuple[int, list[int], int]:
+    """Parameters (elements) one tensor-parallel rank holds: (embedding, each layer, head). The
+    vocabulary-parallel embedding and head and the split projections are 1 / t (rounded up); the
+    norms and the row-parallel layers' biases are whole on every rank."""
+    if tp == 1:
+        return counts.embed, list(counts.layers), counts.head
+    C = s.hidden_size
+    np_, _ = _norm(s, C)
+    whole = s.norms_per_layer * np_ + (C if s.o_bias else 0) + (C if s.mlp_bias else 0)
+    whole += 2 * s.head_dim if s.qk_norm else 0
+    layers = [-(-(n - whole) // tp) + whole for n in counts.layers]
+    head_w = counts.head - np_
+    return -(-counts.embed // tp), layers, np_ + -(-head_w // tp)
+
+
 def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, optimizer, flops_per_s,
-                         device, name):
+                         device, name, tp=1, sp=False, cp=1):
     s = config if isinstance(config, DecoderShape) else decoder_shape(config)
     if s.family in ("gpt2", "gpt_neox"):
         raise ProfileError(f"config.model_type: the analytic profile covers Llama-style decoders and "
@@ -433,15 +510,19 @@ def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, o
         raise ProfileError(f"optimizer: choose adamw, adam, sgd, sgd-momentum or none, not {optimizer!r}")
     if not flops_per_s > 0:
         raise ProfileError(f"flops_per_s: must be > 0, got {flops_per_s}")
+    check_split(s, seq_len, tp=tp, sp=sp, cp=cp)
     from memplan.profiler.precision import policy_dtypes, precision_meta
     from memplan.profiler.schema import LayerProfile, Profile
 
     p, c = _POLICY_BYTES[precision]
     param_dtype, compute_dtype = policy_dtypes(precision)
     B, T = batch_size, seq_len
-    N, C, V, H = B * T, s.hidden_size, s.vocab_size, s.n_head
+    C, V, H = s.hidden_size, s.vocab_size, s.n_head
+    N = B * T // cp  # this rank's tokens (NOTE [ Tensor, sequence and context parallel bytes per rank ])
+    Ns = N // tp if sp else N  # of them, those the norms and the residual stream hold
     counts = param_counts(s)
-    hidden = p * N * C
+    r_embed, r_layers, r_head = _rank_params(s, counts, tp)
+    hidden = p * Ns * C
 
     def stage(name_, kind, flops, out, saved, tf, tb, n):
         f = flops / flops_per_s
@@ -450,32 +531,35 @@ def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, o
                             param_bytes=p * n, flops=float(flops),
                             output_dtype=param_dtype if kind != "head" else None)
 
-    embed_saved = (4 * N * C if p == 2 else 0) + 4 * N + p * N * C
-    layers = [stage("embed", "embed", 0, hidden, embed_saved, hidden + 4 * N * C, p * V * C, counts.embed)]
+    embed_saved = (4 * Ns * C if p == 2 else 0) + 4 * Ns + p * Ns * C
+    layers = [stage("embed", "embed", 0, hidden, embed_saved, hidden + 4 * Ns * C, p * V * C // tp, r_embed)]
+    Tl, Tk = T // cp, (T if cp > 1 else T // cp)
     for i in range(s.n_layer):
         F = (s.top_k * s.expert_intermediate_size if s.moe_layers and s.moe_layers[i]
-             else s.intermediate_size)
-        scores = 4 * B * H * T * T if attention == "eager" else 0
+             else s.intermediate_size) // tp
+        scores = 4 * B * (H // tp) * Tl * Tk if attention == "eager" else 0
         tf = hidden + max(2 * c * N * F, scores)
         tb = 2 * (hidden + max(2 * c * N * F, 2 * scores))
-        layers.append(stage(f"block.{i}", "block", _layer_flops(s, i, B, T), hidden,
-                            _layer_saved(s, i, B, T, p, c, attention), tf, tb, counts.layers[i]))
+        layers.append(stage(f"block.{i}", "block", _layer_flops(s, i, B, T) // (tp * cp), hidden,
+                            _layer_saved(s, i, B, T, p, c, attention, tp=tp, sp=sp, cp=cp), tf, tb,
+                            r_layers[i]))
     mixed = p != c
-    head_saved = (4 * N * C if p == 2 else 0) + 4 * N + p * N * C
-    head_saved += (c * N * C + c * V * C) if mixed else p * N * C
-    head_saved += 4 * N * V + 8 * N + 4
-    layers.append(stage("head", "head", 2 * N * C * V, 4, head_saved, 4 * N * V + c * N * V,
-                        4 * N * V + c * N * V, counts.head))
+    Vl = -(-V // tp)  # the head's vocabulary shard (rounded up)
+    head_saved = (4 * Ns * C if p == 2 else 0) + 4 * Ns + p * Ns * C
+    head_saved += (c * N * C + c * Vl * C) if mixed else p * N * C
+    head_saved += 4 * N * Vl + 8 * N + 4
+    layers.append(stage("head", "head", 2 * N * C * Vl, 4, head_saved, 4 * N * Vl + c * N * Vl,
+                        4 * N * Vl + c * N * Vl, r_head))
     from memplan.planner.precision import get_policy
 
     pol = get_policy(precision)
-    n = counts.total
+    n = r_embed + sum(r_layers) + r_head  # this rank's parameters (all of them when tp = 1)
     opt = {"adamw": n * pol.optimizer_bytes, "adam": n * pol.optimizer_bytes,
            "sgd-momentum": n * pol.weight_bytes}.get(optimizer, 0)
     if optimizer in ("adamw", "adam") and device.startswith("cpu"):
         opt += 4 * counts.tensors  # AdamW's step counters: a 4-byte CPU tensor per parameter
     fixed = {"param_bytes": n * pol.weight_bytes, "grad_bytes": n * pol.grad_bytes,
-             "optimizer_bytes": opt, "buffer_bytes": 0, "n_params": n,
+             "optimizer_bytes": opt, "buffer_bytes": 0, "n_params": n, "n_params_model": counts.total,
              "n_active_params": counts.active, "n_tensors": counts.tensors}
     fixed["total_bytes"] = fixed["param_bytes"] + fixed["grad_bytes"] + opt
     return Profile(
@@ -483,6 +567,8 @@ def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, o
         input_bytes=16 * N, fixed_bytes=fixed["total_bytes"], layers=layers,
         meta={"source": "memplan.profiler.hf_config.hf_analytic_profile",
               "config": {"family": "hf", **s.as_dict(), "seq_len": T, "batch_size": B},
+              **({"parallel": {"tp": tp, "sp": sp, "cp": cp, "per_rank": True}}
+                 if tp > 1 or sp or cp > 1 else {}),
               "flops_per_s": flops_per_s, "optimizer": optimizer, "attention_backend": attention,
               "precision": precision_meta(precision, optimizer, param_dtype, compute_dtype),
               "autocast_dtype": compute_dtype if mixed else None, "fixed": fixed,
