@@ -102,6 +102,25 @@ class Settings(BaseSettings):
     plan_concurrency: int = Field(
         default=2, ge=1, le=64, description="plans computed at once; more wait for a slot",
     )
+    plan_process_min_steps: float = Field(
+        default=1e6, ge=0, description="a plan whose work estimate is over this many DP steps is "
+        "computed in a planning process, which its time limit or its client leaving kills; "
+        "smaller plans run in a thread of the API (NOTE [ Planning processes ] in "
+        "service/compute.py)",
+    )
+    plan_processes: int = Field(
+        default=2, ge=1, le=64, description="planning processes at most (started when needed, "
+        "then reused)",
+    )
+    plan_process_max_bytes: int = Field(
+        default=8 << 30, ge=0, description="address space of one planning process, bytes (0: no "
+        "limit); past it an allocation fails (422). Its imports take about 0.7 GB of it, numba "
+        "compiling the kernel (the first plan after an upgrade) about 3 GB",
+    )
+    plan_kill_grace_s: float = Field(
+        default=0.5, ge=0, description="seconds between SIGTERM and SIGKILL of a stopped planning "
+        "process",
+    )
     plan_cache_size: int = Field(
         default=256, ge=0, description="identical plan requests answered from memory (0: off)"
     )
@@ -111,6 +130,14 @@ class Settings(BaseSettings):
     def _empty_key_is_none(cls, value: object) -> object:
         # MEMPLAN_API_KEY= (empty, as compose passes an unset variable) means no key
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("plan_process_max_bytes")
+    @classmethod
+    def _room_to_start(cls, value: int) -> int:
+        if 0 < value < 1 << 30:
+            raise ValueError(f"0 (no limit) or at least 1 GiB ({1 << 30}): a planning process "
+                             f"needs about 0.7 GB to start; got {value}")
+        return value
 
     @property
     def db_path(self) -> Path:

@@ -47,6 +47,15 @@ class Limits(BaseModel):
     plan_max_table_bytes: int = Field(description="a plan's estimated tables, bytes; more: 422")
     plan_timeout_s: float = Field(description="a plan not done by then: 503")
     plan_concurrency: int = Field(description="plans computed at once")
+    plan_process_min_steps: float = Field(
+        description="a plan estimated above this many DP steps runs in a planning process, "
+        "killed at the time limit or when its client leaves; smaller ones in a thread"
+    )
+    plan_processes: int = Field(description="planning processes at most")
+    plan_process_max_bytes: int = Field(
+        description="address space of one planning process, bytes (0: no limit)"
+    )
+    plan_kill_grace_s: float = Field(description="SIGTERM to SIGKILL of a stopped planning process")
     job_max_bytes: int | None = Field(
         description="bytes one job may use (its estimate above: 422; its process above: stopped)"
     )
@@ -163,6 +172,10 @@ def info(request: Request, settings: SettingsDep, store: StoreDep) -> Info:
             plan_max_table_bytes=settings.plan_max_table_bytes,
             plan_timeout_s=settings.plan_timeout_s,
             plan_concurrency=settings.plan_concurrency,
+            plan_process_min_steps=settings.plan_process_min_steps,
+            plan_processes=settings.plan_processes,
+            plan_process_max_bytes=settings.plan_process_max_bytes,
+            plan_kill_grace_s=settings.plan_kill_grace_s,
             job_max_bytes=job_memory_limit(settings),
             job_cpu_flops_per_s=settings.job_cpu_flops_per_s,
             job_gpu_flops_per_s=settings.job_gpu_flops_per_s,

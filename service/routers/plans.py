@@ -5,17 +5,18 @@ The bodies are the planner's own requests (`memplan.planner.request.PlanRequest`
 requests are answered from a small in-memory cache (the planner is deterministic in its inputs).
 
 NOTE [ Plans in the API process ]
-A plan is computed in the API process, in a thread (never on the event loop), at most
-`plan_concurrency` at once, and answered 503 with Retry-After when not done in `plan_timeout_s`.
-A thread cannot be stopped, so what bounds the work is the admission: each request's work is
-estimated before any of it runs (`estimate_work`, NOTE [ work estimate ] in planner/request.py)
-and refused with a 422 naming the option that drives it when over `plan_max_steps` or
-`plan_max_table_bytes`. Admitted work is then seconds at most on two cores, so a thread that
-outlives a timed-out request finishes soon and holds one of the few slots meanwhile. Running each
-plan in a subprocess instead would make it killable, but costs more than most plans (starting
-Python and loading numba's compiled kernel: about half a second) and would need the profile sent
-across; refusing up front keeps the common plan at milliseconds and the worst admitted one
-bounded.
+1. Each request's work is estimated before any of it runs (`estimate_work`, NOTE [ work
+   estimate ] in planner/request.py) and refused with a 422 naming the option that drives it
+   when over `plan_max_steps` or `plan_max_table_bytes`.
+2. At most `plan_concurrency` plans are computed at once; more wait for a slot.
+3. An admitted plan estimated above `plan_process_min_steps` is computed in a planning process
+   (service/compute.py, NOTE [ Planning processes ]): at `plan_timeout_s` the process is killed
+   and the client gets a 503 with Retry-After; a client that disconnects has its process killed
+   too; a crash there is a 500 and the API goes on.
+4. Smaller plans (the baselines, short chains: milliseconds) are computed in a thread, where a
+   process would cost more than the plan; past `plan_timeout_s` they answer 503 too, and the
+   thread runs on to its end, which the threshold keeps near.
+5. Both paths run the same function on the same validated request, so they answer the same bytes.
 """
 
 from __future__ import annotations
@@ -28,9 +29,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response
-from memplan.planner.request import FrontierRequest, PlanRequest, StrategyName, estimate_work
+from memplan.planner.request import (
+    FrontierRequest,
+    PlanRequest,
+    StrategyName,
+    Work,
+    estimate_work,
+)
 from memplan.planner.schema import Plan, PlanError
 from memplan.profiler.schema import Profile, ProfileError
+from memplan.service.compute import ClientLeft, ComputePool
 from memplan.service.deps import SettingsDep, body_openapi, json_body, require_api_key
 from memplan.service.problems import (
     FieldError,
@@ -104,23 +112,47 @@ def check_work(body: PlanRequest | FrontierRequest, settings: Settings) -> None:
     raise ProblemError(422, msg, kind="too-much-work", errors=[FieldError(field=field, message=msg)])
 
 
-async def run_bounded(request: Request, settings: Settings, fn, *args):
-    """`fn(*args)` in a thread, at most `plan_concurrency` at once, 503 after `plan_timeout_s`."""
-    sem = getattr(request.app.state, "plan_slots", None)
+async def run_bounded(request: Request, settings: Settings, fn, *args, work: Work | None = None):
+    """`fn(*args)` under the plan limits (NOTE [ Plans in the API process ]): its value, or a 503
+    problem after `plan_timeout_s`. `work` (default: estimated from a PlanRequest or
+    FrontierRequest first argument) chooses a planning process or a thread."""
+    state = request.app.state
+    sem = getattr(state, "plan_slots", None)
     if sem is None:
-        sem = request.app.state.plan_slots = asyncio.Semaphore(settings.plan_concurrency)
+        sem = state.plan_slots = asyncio.Semaphore(settings.plan_concurrency)
+    if work is None and args and isinstance(args[0], (PlanRequest, FrontierRequest)):
+        work = estimate_work(args[0])
     async with sem:
+        if work is not None and work.steps > settings.plan_process_min_steps:
+            try:
+                return await compute_pool(request, settings).run(
+                    fn, *args, timeout_s=settings.plan_timeout_s,
+                    disconnected=request.is_disconnected)
+            except ClientLeft:
+                # nobody reads the answer; the status is for the access log
+                raise ProblemError(503, "the client disconnected; its plan was stopped",
+                                   kind="client-left") from None
         task = asyncio.ensure_future(run_in_threadpool(fn, *args))
         try:
             return await asyncio.wait_for(asyncio.shield(task), settings.plan_timeout_s)
         except TimeoutError:
-            # the thread runs on to its (bounded) end; its slot is held until then
+            # the thread runs on to its (small) end; its slot is held until then
             task.add_done_callback(lambda t: t.exception())
             raise ProblemError(
                 503, f"the plan was not done within this server's {settings.plan_timeout_s:g} s "
                 "(MEMPLAN_PLAN_TIMEOUT_S); try again later, or plan locally with `memplan plan`",
                 kind="timeout", headers={"Retry-After": str(max(1, int(settings.plan_timeout_s)))},
             ) from None
+
+
+def compute_pool(request: Request, settings: Settings) -> ComputePool:
+    """The app's pool of planning processes (created on first use; its children too)."""
+    pool = getattr(request.app.state, "plan_pool", None)
+    if pool is None:
+        pool = request.app.state.plan_pool = ComputePool(
+            settings.plan_processes, max_bytes=settings.plan_process_max_bytes,
+            kill_grace_s=settings.plan_kill_grace_s)
+    return pool
 
 
 def check_stages(profile: Profile, max_stages: int) -> None:
@@ -141,7 +173,7 @@ def check_stages(profile: Profile, max_stages: int) -> None:
     description="Returns the `Plan` of `memplan.planner.plan`. An infeasible budget is a 200 with "
     "`feasible: false` and the reason in `message`; invalid input is a 422 naming the field, and so "
     "is a request whose estimated work is over the server's limits (`GET /v1/info`: limits).",
-    responses=problem_responses(401, 413, 415, 422, 503),
+    responses=problem_responses(401, 413, 415, 422, 500, 503),
     openapi_extra=body_openapi(PlanRequest),
 )
 async def create_plan(request: Request, settings: SettingsDep) -> Response:
@@ -180,7 +212,7 @@ def _plan_json(body: PlanRequest) -> bytes:
                 "image/png": {"schema": {"type": "string", "format": "binary"}},
             },
         },
-        **problem_responses(401, 406, 413, 415, 422, 503),
+        **problem_responses(401, 406, 413, 415, 422, 500, 503),
     },
     openapi_extra=body_openapi(FrontierRequest),
 )
