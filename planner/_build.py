@@ -126,9 +126,11 @@ def finish_plan(
     message: str = "",
     options: dict | None = None,
     sim: Simulation | None = None,
+    policies: dict[int, str] | None = None,
 ) -> Plan:
-    """A Plan for `ops`, with its prediction from a replay; infeasible when it breaks the budget."""
-    sim = sim or replay(profile, ops)
+    """A Plan for `ops`, with its prediction from a replay; infeasible when it breaks the budget.
+    `policies`: the save policy of each recorded stage ({stage: name}; unlisted: 'all')."""
+    sim = sim or replay(profile, ops, None, policies)
     if not sim.valid:  # a strategy bug, never the user's input
         raise AssertionError(f"{strategy} produced an invalid schedule: {sim.error}")
     fits = budget_bytes is None or sim.peak_bytes <= budget_bytes
@@ -149,6 +151,7 @@ def finish_plan(
         checkpoints=sim.checkpoints,
         recomputed=[i + 1 for i, n in enumerate(sim.forward_counts) if n > 1],
         options=options or {},
+        stage_policies=dict(policies or {}),
     )
 
 

@@ -58,10 +58,36 @@ from dataclasses import dataclass
 
 from memplan.planner.simulate import nograd_forward_s, nograd_forward_temp_bytes
 
-__all__ = ["Costs", "Frontiers", "solve", "costs_of", "schedule_ops", "least_peak", "group_costs",
+__all__ = ["Costs", "Record", "Frontiers", "record_code", "record_policy", "PolicyRuns",
+           "policy_runs", "schedule_and_policies", "expand_policies", "solve", "costs_of", "schedule_ops", "least_peak", "group_costs",
            "expand_ops", "late_useful", "late_useful_of"]
 
 RECORD = 0  # choice code: record stage s; a split stores s' (>= s+1), a late split -s'
+POLICY_BASE = -(1 << 40)  # a record under save policy p >= 1: POLICY_BASE - p (below every -s')
+
+
+@dataclass(frozen=True)
+class Record:
+    """A save policy's record costs over stages 0..L (index 0 unused): what changes with it."""
+
+    s: list[int]  # saved (record) bytes
+    tf_r: list[int]  # transient bytes of the recorded forward
+    tf_l: list[int]  # ... whose output is already live (late splits)
+    tb: list[int]  # transient bytes of the backward (its recomputation included)
+    f: list[float]  # seconds of the recorded forward
+    b: list[float]  # seconds of the backward
+
+
+def record_code(p: int) -> int:
+    """The choice code of a record under policy p (RECORD for p = 0)."""
+    return RECORD if p == 0 else POLICY_BASE - p
+
+
+def record_policy(ch: int) -> int | None:
+    """The policy of a record choice code; None for a split or a late split."""
+    if ch == RECORD:
+        return 0
+    return POLICY_BASE - ch if ch <= POLICY_BASE else None
 
 
 @dataclass(frozen=True)
@@ -78,6 +104,26 @@ class Costs:
     tb: list[int]  # transient bytes of a backward (may be negative for macro stages)
     fn: list[float] | None = None  # seconds of an unrecorded forward `F` (None: f); see
     # NOTE [ no-grad forward time ] in planner/simulate.py
+    # save policies (NOTE [ save policies in the recurrence ]): the records of policies 1..K-1, one
+    # `Record` each, over stages 0..L (stages with fewer policies repeat their policy 0 there), and
+    # how many policies each stage has (None: one each)
+    alt: tuple[Record, ...] = ()
+    npol: list[int] | None = None
+
+    def row(self, p: int) -> Record:
+        """The record costs of policy p (0: the base fields), over stages 0..L."""
+        if p == 0:
+            return Record(s=self.s, tf_r=self.tf_r, tf_l=self.tf_l, tb=self.tb, f=self.f, b=self.b)
+        return self.alt[p - 1]
+
+    def pols(self, i: int) -> range:
+        """The policies of stage i: range(number of them)."""
+        return range(self.npol[i] if self.npol is not None else 1)
+
+    @property
+    def K(self) -> int:
+        """Policies per stage, at most."""
+        return 1 + len(self.alt)
 
     @property
     def f_nograd(self) -> list[float]:
@@ -103,13 +149,44 @@ def costs_of(profile) -> Costs:
         tf_r=tf,
         tf_l=list(tf),
         tb=[0] + [la.backward_temp_bytes for la in layers],
+        **_policy_rows(layers),
     )
+
+
+def _policy_rows(layers) -> dict:
+    """`alt` and `npol` of a profile's stages (empty when no stage has a policy besides 'all')."""
+    K = 1 + max(len(la.policies) for la in layers)
+    if K == 1:
+        return {}
+    alt = []
+    for p in range(1, K):
+        rows: dict[str, list] = {"s": [0], "tf_r": [0], "tf_l": [0], "tb": [0], "f": [0.0],
+                                 "b": [0.0]}
+        for la in layers:
+            src = la.policies[p - 1] if p <= len(la.policies) else la  # repeat policy 0
+            rows["s"].append(src.saved_bytes)
+            rows["tf_r"].append(src.forward_temp_bytes)
+            rows["tf_l"].append(src.forward_temp_bytes)
+            rows["tb"].append(src.backward_temp_bytes)
+            rows["f"].append(src.forward_s)
+            rows["b"].append(src.backward_s)
+        alt.append(Record(**rows))
+    return {"alt": tuple(alt), "npol": [1] + [1 + len(la.policies) for la in layers]}
 
 
 def late_useful(c: Costs) -> list[bool]:
     """useful[j] (j = 1..L-1; False at 0 and L): whether late left parts ending at j, Q(., j),
-    can beat the plain ones (NOTE [ late left parts ])."""
-    return late_useful_of(c.x, c.s, c.tf_r, c.tf_l, c.tb)
+    can beat the plain ones (NOTE [ late left parts ]). With save policies: where stage j+1 has
+    one policy and some policy of stage j makes them useful (NOTE [ save policies in the
+    recurrence ]; `policy_runs` fixes the policy of the other stages where they could help)."""
+    out = late_useful_of(c.x, c.s, c.tf_r, c.tf_l, c.tb)
+    if c.npol is None:
+        return out
+    for p in range(1, c.K):  # rows repeat policy 0 where a stage has fewer policies
+        r = c.row(p)
+        more = late_useful_of(c.x, r.s, r.tf_r, r.tf_l, r.tb)
+        out = [a or (b and c.npol[j] > p) for j, (a, b) in enumerate(zip(out, more))]
+    return [u and (j + 1 > c.L or c.npol[j + 1] == 1) for j, u in enumerate(out)]
 
 
 def late_useful_of(x, s, tf_r, tf_l, tb) -> list[bool]:
@@ -117,12 +194,20 @@ def late_useful_of(x, s, tf_r, tf_l, tb) -> list[bool]:
     L = len(x) - 1
     out = [False] * (L + 1)
     for j in range(1, L):
-        xs, hold = x[j - 1], x[j] + s[j + 1] + x[j + 1]
-        b_peak = 2 * xs + s[j] + x[j] + tb[j]
-        plain = max(xs + 2 * x[j] + s[j] + tf_r[j], b_peak)  # P(j, j): R j, B j
-        late = max(xs + hold + s[j] + tf_l[j], xs + s[j] + hold + x[j] + tb[j + 1], b_peak)
-        out[j] = late < plain
+        out[j] = _late_beats(x[j - 1], x[j], x[j + 1], s[j], tf_r[j], tf_l[j], tb[j], s[j + 1],
+                             tb[j + 1])
     return out
+
+
+def _late_beats(xs, xj, xn, sj, tfr_j, tfl_j, tb_j, s_n, tb_n) -> bool:
+    """Whether Q(j, j) peaks below P(j, j): stage j's sizes (its input xs, output xj, record sj,
+    transients) under its policy, the next stage's (output xn, record s_n, backward transient
+    tb_n) under its own."""
+    hold = xj + s_n + xn
+    b_peak = 2 * xs + sj + xj + tb_j
+    plain = max(xs + 2 * xj + sj + tfr_j, b_peak)  # P(j, j): R j, B j
+    late = max(xs + hold + sj + tfl_j, xs + sj + hold + xj + tb_n, b_peak)
+    return late < plain
 
 
 def _hold(c: Costs, t: int, late: bool) -> int:
@@ -133,21 +218,24 @@ def _hold(c: Costs, t: int, late: bool) -> int:
     return c.x[t] if t < c.L else 0
 
 
-def _record_floor(c: Costs, st: int, hold: int) -> int:
+def _record_floor(c: Costs, st: int, hold: int, r: Record | None = None) -> int:
     """The least peak (bytes) of a record choice at st < t, whatever the child: `R st` with
-    `hold` beside a_{st-1}, and `B st`."""
+    `hold` beside a_{st-1}, and `B st` (`r`: the record's policy; None: policy 0)."""
+    r = r or c.row(0)
     xs = c.x[st - 1]
-    return max(xs + hold + c.x[st] + c.s[st] + c.tf_r[st], xs + c.s[st] + c.x[st] + xs + c.tb[st])
+    return max(xs + hold + c.x[st] + r.s[st] + r.tf_r[st], xs + r.s[st] + c.x[st] + xs + r.tb[st])
 
 
-def _one_stage_peak(c: Costs, t: int, late: bool) -> int:
+def _one_stage_peak(c: Costs, t: int, late: bool, r: Record | None = None) -> int:
     """The peak (bytes) of P(t, t) (`R t`, `loss` when t = L, `B t`) or, when `late`, of Q(t, t)
-    (`R t` on the live a_t, `B t+1` above the record s_t, `B t`)."""
-    x, s, xs, hold = c.x, c.s, c.x[t - 1], _hold(c, t, late)
-    b_peak = xs + s[t] + x[t] + xs + c.tb[t]
+    (`R t` on the live a_t, `B t+1` above the record s_t, `B t`); `r`: stage t's policy (None: 0).
+    Stage t+1 of a late part has one policy (`late_useful`), its base fields."""
+    r = r or c.row(0)
+    x, s, xs, hold = c.x, r.s, c.x[t - 1], _hold(c, t, late)
+    b_peak = xs + s[t] + x[t] + xs + r.tb[t]
     if late:
-        return max(xs + hold + s[t] + c.tf_l[t], xs + s[t] + hold + x[t] + c.tb[t + 1], b_peak)
-    pk = max(xs + hold + x[t] + s[t] + c.tf_r[t], b_peak)
+        return max(xs + hold + s[t] + r.tf_l[t], xs + s[t] + hold + x[t] + c.tb[t + 1], b_peak)
+    pk = max(xs + hold + x[t] + s[t] + r.tf_r[t], b_peak)
     return max(pk, xs + s[t] + 2 * x[t]) if t == c.L else pk
 
 
@@ -190,7 +278,7 @@ def solve(c: Costs, *, cap: int | None = None) -> Frontiers:
     """Frontiers of all sub-chains. `cap`: points with a peak above it are dropped (a budget in
     bytes; None keeps all). Returns `Frontiers`; the whole chain's is `peaks[1][L]`."""
     L = c.L
-    x, f, b, s, tff = c.x, c.f, c.b, c.s, c.tf_f
+    x, tff = c.x, c.tf_f
     fn = c.f_nograd  # `F` ops: the splits' forwards
     useful = late_useful(c)
 
@@ -206,14 +294,17 @@ def solve(c: Costs, *, cap: int | None = None) -> Frontiers:
         xs = x[st - 1]
         hold = _hold(c, t, late)
         cand: list[tuple[int, float, int]] = []
-        fb = f[st] + b[st]
-        if st == t:
-            cand.append((_one_stage_peak(c, t, late), fb, RECORD))
-        else:  # record s
-            floor = _record_floor(c, st, hold)
-            sh = xs + s[st]
+        for pol in c.pols(st):  # record s, under each of its save policies
+            r = c.row(pol)
+            fb = r.f[st] + r.b[st]
+            code = record_code(pol)
+            if st == t:
+                cand.append((_one_stage_peak(c, t, late, r), fb, code))
+                continue
+            floor = _record_floor(c, st, hold, r)
+            sh = xs + r.s[st]
             for p, tm in zip(own_p[st + 1][t], own_t[st + 1][t], strict=True):
-                cand.append((max(floor, p + sh), tm + fb, RECORD))
+                cand.append((max(floor, p + sh), tm + fb, code))
         # splits at s': F s..s'-1 keeping a_{s'-1}; then the right part s'..t, and the left part
         # s..s'-1 after it (plain) or from just before its last op (late)
         fwd = 0
@@ -289,14 +380,28 @@ def schedule_ops(fr, budget: int) -> list[tuple]:
     from `Frontiers` or the compiled kernel's `PoolFrontiers` (anything with `costs` and
     `choice`). The caller adds drops with `memplan.planner._build.insert_drops`. Raises ValueError when
     none fits."""
+    return schedule_and_policies(fr, budget)[0]
+
+
+def schedule_and_policies(fr, budget: int) -> tuple[list[tuple], dict[int, int]]:
+    """`schedule_ops` and the save policy of each recorded stage ({stage: policy index}; stages
+    under policy 0 left out), from any frontiers object, `PolicyRuns` included."""
+    if isinstance(fr, PolicyRuns):
+        return fr.schedule(budget)
     c = fr.costs
-    return build_ops(c.L, c.x, c.s, budget, fr.choice, unit="bytes")
+    chosen: dict[int, int] = {}
+    s_rows = [c.row(p).s for p in range(c.K)] if c.K > 1 else None
+    ops = build_ops(c.L, c.x, c.s, budget, fr.choice, unit="bytes", s_rows=s_rows, chosen=chosen)
+    return ops, {i: p for i, p in chosen.items() if p}
 
 
-def build_ops(L: int, x, s, budget: int, choose, *, unit: str) -> list[tuple]:
+def build_ops(L: int, x, s, budget: int, choose, *, unit: str, s_rows=None,
+              chosen: dict[int, int] | None = None) -> list[tuple]:
     """Compute ops from a solved recurrence: `choose(st, t, m, late=...)` gives sub-chain st..t's
     choice within m units (RECORD, a split s', a late split -s', or None when nothing fits), of
-    the late left part Q(st, t) when `late`; x and s are the sizes in those units, as in `Costs`."""
+    the late left part Q(st, t) when `late`; x and s are the sizes in those units, as in `Costs`.
+    With save policies, `s_rows[p]` are policy p's record sizes and `chosen` receives each
+    recorded stage's policy."""
     out: list[tuple] = []
     # an explicit stack (the recursion is L deep): (late, st, t, m, skip) solves P(st, t) or
     # Q(st, t) within m; `skip`: leave out its last op `B st` (a late split's left part runs it);
@@ -311,12 +416,15 @@ def build_ops(L: int, x, s, budget: int, choose, *, unit: str) -> list[tuple]:
         if ch is None:
             raise ValueError(f"sub-chain {st}..{t} does not fit {m} {unit}")
         xs = x[st - 1]
-        if ch == RECORD:
+        pol = record_policy(ch)
+        if pol is not None:
+            if chosen is not None:
+                chosen[st] = pol
             if not skip:
                 stack.append((False, 0, st, 0, False))
             out.append(("R", st))
             if st < t:
-                stack.append((late, st + 1, t, m - xs - s[st], False))
+                stack.append((late, st + 1, t, m - xs - (s_rows[pol] if pol else s)[st], False))
             elif late:
                 out.append(("B", t + 1))  # the right part's last op, now that s_t is recorded
             elif t == L:
@@ -333,7 +441,7 @@ def least_peak(c: Costs) -> int:
     """The least peak (bytes) of any schedule the recurrence can build: the first point of the
     whole chain's frontier, by the same recurrence on scalars (no times, so it is O(L^3) cheap)."""
     L = c.L
-    x, s, tff = c.x, c.s, c.tf_f
+    x, tff = c.x, c.tf_f
     useful = late_useful(c)
     big = 2**62
     M = [[big] * (L + 1) for _ in range(L + 2)]
@@ -344,9 +452,10 @@ def least_peak(c: Costs) -> int:
         xs = x[st - 1]
         hold = _hold(c, t, late)
         if st == t:
-            best = _one_stage_peak(c, t, late)
+            best = min(_one_stage_peak(c, t, late, c.row(p)) for p in c.pols(st))
         else:
-            best = max(_record_floor(c, st, hold), own[st + 1][t] + xs + s[st])
+            best = min(max(_record_floor(c, st, hold, c.row(p)), own[st + 1][t] + xs + c.row(p).s[st])
+                       for p in c.pols(st))
         fwd = 0
         for sp in range(st + 1, t + 1):
             k = sp - 1
@@ -400,7 +509,20 @@ def group_costs(c: Costs, bounds: list[tuple[int, int]]) -> Costs:
         tfr.append(max(terms) - xq - sg)
         tfl.append(late - sg)
         tb.append(max(back) - (sg + xq + xin))
-    return Costs(x=x, f=f, b=b, s=s, tf_f=tff, tf_r=tfr, tf_l=tfl, tb=tb, fn=fn)
+    out = Costs(x=x, f=f, b=b, s=s, tf_f=tff, tf_r=tfr, tf_l=tfl, tb=tb, fn=fn)
+    if c.K == 1:
+        return out
+    # save policies: macro policy p records every stage of the group under its policy p (or its
+    # policy 0 where it has fewer), priced by the same formulas on those records
+    alt = []
+    for p in range(1, c.K):
+        r = c.row(p)
+        g = group_costs(Costs(x=c.x, f=r.f, b=r.b, s=r.s, tf_f=c.tf_f, tf_r=r.tf_r, tf_l=r.tf_l,
+                              tb=r.tb, fn=c.f_nograd), bounds)
+        alt.append(Record(s=g.s, tf_r=g.tf_r, tf_l=g.tf_l, tb=g.tb, f=g.f, b=g.b))
+    npol = [1] + [max(c.npol[i] for i in range(p, q + 1)) for p, q in bounds]
+    return Costs(x=x, f=f, b=b, s=s, tf_f=tff, tf_r=tfr, tf_l=tfl, tb=tb, fn=fn, alt=tuple(alt),
+                 npol=npol)
 
 
 def expand_ops(ops: list[tuple], bounds: list[tuple[int, int]]) -> list[tuple]:
@@ -415,4 +537,120 @@ def expand_ops(ops: list[tuple], bounds: list[tuple[int, int]]) -> list[tuple]:
             out.extend(("B", i) for i in range(q, p - 1, -1))
         else:
             out.extend((op[0], i) for i in range(p, q + 1))
+    return out
+
+
+# NOTE [ save policies in the recurrence ]
+# A stage with several save policies (docs/chain-model.md section 10.8) is recorded once in a
+# persistent schedule, by the record choice of exactly one sub-problem; its policy changes only
+# that choice's sizes and times (s, tf_r, tf_l, tb, f, b of the recorded stage). So the record
+# choice (and the one-stage case) takes the envelope over the stage's policies, and every other
+# choice is unchanged: the DP stays exact over (schedule, policy per stage).
+# One place breaks that independence: a late left part Q(., j) holds the record of stage j+1 and
+# runs its backward, but stage j+1 was recorded inside the right part, under a policy that Q
+# cannot see. So Q(., j) is solved only where stage j+1 has one policy (`late_useful`). Where a
+# late split could help at a boundary whose next stage has several, `policy_runs` fixes that
+# stage's policy and solves once per combination (at most MAX_POLICY_RUNS runs; past that the
+# remaining such boundaries go without late splits, and the plan says so). No boundary of a
+# transformer chain needs it (NOTE [ late left parts ]): there it is one run.
+MAX_POLICY_RUNS = 64
+
+
+def _late_pairs(c: Costs) -> list[int]:
+    """Stages m (2..L) with several policies where some pair of policies (stage m-1's, stage
+    m's) makes a late left part ending at m-1 useful."""
+    if c.npol is None:
+        return []
+    out = []
+    for m in range(2, c.L + 1):
+        if c.npol[m] < 2:
+            continue
+        j, x = m - 1, c.x
+        if any(_late_beats(x[j - 1], x[j], x[m], rj.s[j], rj.tf_r[j], rj.tf_l[j], rj.tb[j],
+                           rm.s[m], rm.tb[m])
+               for rj in (c.row(p) for p in c.pols(j)) for rm in (c.row(q) for q in c.pols(m))):
+            out.append(m)
+    return out
+
+
+def fix_policy(c: Costs, m: int, q: int) -> Costs:
+    """`c` with stage m's policy fixed to q (its only policy, at row 0)."""
+    r = c.row(q)
+
+    def put(base: list, v) -> list:
+        out = list(base)
+        out[m] = v
+        return out
+
+    alt = tuple(Record(s=put(a.s, r.s[m]), tf_r=put(a.tf_r, r.tf_r[m]), tf_l=put(a.tf_l, r.tf_l[m]),
+                       tb=put(a.tb, r.tb[m]), f=put(a.f, r.f[m]), b=put(a.b, r.b[m]))
+                for a in c.alt)
+    return Costs(x=c.x, f=put(c.f, r.f[m]), b=put(c.b, r.b[m]), s=put(c.s, r.s[m]), tf_f=c.tf_f,
+                 tf_r=put(c.tf_r, r.tf_r[m]), tf_l=put(c.tf_l, r.tf_l[m]), tb=put(c.tb, r.tb[m]),
+                 fn=c.fn, alt=alt, npol=put(c.npol, 1))
+
+
+def policy_runs(c: Costs) -> tuple[list[tuple[Costs, dict[int, int]]], list[int]]:
+    """The solves that together are exact (NOTE [ save policies in the recurrence ]): a list of
+    (costs, {stage: fixed policy}) and the stages left with several policies and no late split
+    (past MAX_POLICY_RUNS runs; usually empty)."""
+    stages = _late_pairs(c)
+    runs: list[tuple[Costs, dict[int, int]]] = [(c, {})]
+    left: list[int] = []
+    for m in stages:
+        if len(runs) * c.npol[m] > MAX_POLICY_RUNS:
+            left.append(m)
+            continue
+        runs = [(fix_policy(cc, m, q), {**fixed, m: q}) for cc, fixed in runs for q in c.pols(m)]
+    return runs, left
+
+
+class PolicyRuns:
+    """Frontiers of several `policy_runs` solves: `top()` is their envelope, `schedule(m)` the
+    fastest run's schedule within m bytes and its policies."""
+
+    def __init__(self, costs: Costs, runs: list[tuple[object, dict[int, int]]]):
+        self.costs = costs
+        self.runs = runs
+
+    def top(self) -> tuple[list[int], list[float]]:
+        """The envelope of the runs' frontiers: (peaks in bytes, times in seconds)."""
+        pts = sorted((p, t) for fr, _ in self.runs for p, t in zip(*fr.top(), strict=True))
+        peaks: list[int] = []
+        times: list[float] = []
+        for p, t in pts:
+            if not times or t < times[-1] - _rel_eps(times[-1]):
+                if peaks and peaks[-1] == p:
+                    times[-1] = t
+                else:
+                    peaks.append(p)
+                    times.append(t)
+        return peaks, times
+
+    def schedule(self, budget: int) -> tuple[list[tuple], dict[int, int]]:
+        """(compute ops, {stage: policy}) of the fastest run's schedule within `budget` bytes."""
+        best = None
+        for k, (fr, _) in enumerate(self.runs):
+            peaks, times = fr.top()
+            i = bisect_right(peaks, budget) - 1
+            if i >= 0 and (best is None or times[i] < best[0] - _rel_eps(best[0])):
+                best = (times[i], k)
+        if best is None:
+            raise ValueError(f"the chain does not fit {budget} bytes")
+        fr, fixed = self.runs[best[1]]
+        ops, chosen = schedule_and_policies(fr, budget)
+        chosen.update(fixed)
+        return ops, {i: p for i, p in chosen.items() if p}
+
+
+def expand_policies(chosen: dict[int, int], bounds: list[tuple[int, int]],
+                    npol: list[int] | None) -> dict[int, int]:
+    """Macro-stage policies as stage policies: macro policy p applies policy p to each stage of
+    the group that has it (the others keep policy 0, as `group_costs` priced them)."""
+    out: dict[int, int] = {}
+    for g, p in chosen.items():
+        lo, hi = bounds[g - 1]
+        for i in range(lo, hi + 1):
+            if npol is not None and npol[i] > p:
+                out[i] = p
     return out

@@ -41,7 +41,7 @@ import os
 import threading
 
 import numpy as np
-from memplan.planner._optimal_dp import RECORD, Costs, late_useful
+from memplan.planner._optimal_dp import POLICY_BASE, RECORD, Costs, late_useful
 
 __all__ = ["available", "check_costs", "solve_compiled", "least_peak_compiled", "PoolFrontiers", "warm"]
 
@@ -320,31 +320,48 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W):
     (off, cnt)[kind, s, t] (kind 0: P, 1: Q), from its point in force at `lo` bytes up to `cap`
     (NOTE [ windows ]). K: the cost arrays. Returns (its length, W): the envelope is W[0..2],
     arrays that grew are new ones."""
-    x, f, fn, b, s, tff, tfr, tfl, tb, useful = K
+    x, fn, tff, useful = K[0], K[2], K[5], K[9]
+    Ps, Ptfr, Ptfl, Ptb, Pf, Pb, npol = K[10], K[11], K[12], K[13], K[14], K[15], K[16]
     Ep, Et, Ec, Fp, Ft, Fc, Sp, St, Sc = W
     own = 1 if late else 0  # the family of the right parts and the record's child
-    hold = _hold(late, t, x, s)
+    hold = _hold(late, t, x, K[4])  # a late part's stage t+1 has one policy: its base record
     xs = x[st - 1]
     ne = 0
-    fb = f[st] + b[st]
-    if st == t:
-        pk = _one_stage_peak(late, t, x, s, tfr, tfl, tb)
-        if pk <= cap:
-            Ep[0] = pk
-            Et[0] = fb
-            Ec[0] = RECORD
-            ne = 1
-    else:  # record s
-        o = off[own, st + 1, t]
-        nc = cnt[own, st + 1, t]
-        Sp, St, Sc = _grow3(Sp, St, Sc, nc + 1)
-        floor = _record_floor(st, hold, x, s, tfr, tb)
-        ns = _shifted(PP, PT, o, nc, floor, xs + s[st], fb, cap, lo, RECORD, Sp, St, Sc)
-        Ep, Et, Ec = _grow3(Ep, Et, Ec, ns)
-        Ep[:ns] = Sp[:ns]
-        Et[:ns] = St[:ns]
-        Ec[:ns] = Sc[:ns]
-        ne = ns
+    # record s, under each of its save policies (NOTE [ save policies in the recurrence ] in
+    # planner/_optimal_dp.py): each policy's staircase enters the envelope
+    for pol in range(npol[st]):
+        code = RECORD if pol == 0 else POLICY_BASE - pol
+        fb = Pf[pol, st] + Pb[pol, st]
+        if st == t:
+            pk = _one_stage_peak(late, t, x, Ps[pol], Ptfr[pol], Ptfl[pol], Ptb[pol])
+            if pk > cap:
+                continue
+            Sp, St, Sc = _grow3(Sp, St, Sc, 1)
+            Sp[0] = pk
+            St[0] = fb
+            Sc[0] = code
+            ns = 1
+        else:
+            o = off[own, st + 1, t]
+            nc = cnt[own, st + 1, t]
+            Sp, St, Sc = _grow3(Sp, St, Sc, nc + 1)
+            floor = _record_floor(st, hold, x, Ps[pol], Ptfr[pol], Ptb[pol])
+            ns = _shifted(PP, PT, o, nc, floor, xs + Ps[pol, st], fb, cap, lo, code, Sp, St, Sc)
+        if ns == 0:
+            continue
+        if ne == 0:
+            Ep, Et, Ec = _grow3(Ep, Et, Ec, ns)
+            Ep[:ns] = Sp[:ns]
+            Et[:ns] = St[:ns]
+            Ec[:ns] = Sc[:ns]
+            ne = ns
+        else:
+            if ne + ns > Fp.shape[0]:
+                Fp, Ft, Fc = _grow3(Fp, Ft, Fc, ne + ns)
+            ne = _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
+            Ep, Fp = Fp, Ep
+            Et, Ft = Ft, Et
+            Ec, Fc = Fc, Ec
     # splits at s': F s..s'-1 keeping a_{s'-1}, the right part s'..t, then the left part s..s'-1
     # plain (choice s') or, where it can help, late (choice -s')
     fwd = 0
@@ -506,7 +523,7 @@ def _solve(K, cap, windowed, n_workers, width):
     the rows widened. The pool keeps a sentinel peak after every frontier (for `_split_points`)."""
     x, useful = K[0], K[9]
     L = x.shape[0] - 1
-    lo = _windows(x, K[4], useful, cap, windowed)
+    lo = _windows(x, K[17], useful, cap, windowed)  # the largest record: the most held
     off = np.zeros((2, L + 2, L + 1), np.int64)
     cnt = np.zeros((2, L + 2, L + 1), np.int64)
     PP = np.empty(1 << 16, np.int64)
@@ -557,15 +574,21 @@ def _solve(K, cap, windowed, n_workers, width):
 
 
 @njit(cache=True)
-def _least_of(late, st, t, x, s, tff, tfr, tfl, tb, useful, M):
+def _least_of(late, st, t, K, M):
     """The least peak of P(st, t), or of Q(st, t) when `late`, from those of shorter ones in M."""
+    x, s, tff, useful = K[0], K[4], K[5], K[9]
+    Ps, Ptfr, Ptfl, Ptb, npol = K[10], K[11], K[12], K[13], K[16]
     own = 1 if late else 0
     hold = _hold(late, t, x, s)
     xs = x[st - 1]
-    if st == t:
-        best = _one_stage_peak(late, t, x, s, tfr, tfl, tb)
-    else:
-        best = max(_record_floor(st, hold, x, s, tfr, tb), M[own, st + 1, t] + xs + s[st])
+    best = _BIG
+    for pol in range(npol[st]):
+        if st == t:
+            pk = _one_stage_peak(late, t, x, Ps[pol], Ptfr[pol], Ptfl[pol], Ptb[pol])
+        else:
+            pk = max(_record_floor(st, hold, x, Ps[pol], Ptfr[pol], Ptb[pol]),
+                     M[own, st + 1, t] + xs + Ps[pol, st])
+        best = min(best, pk)
     fwd = 0
     for sp in range(st + 1, t + 1):
         k = sp - 1
@@ -580,27 +603,36 @@ def _least_of(late, st, t, x, s, tff, tfr, tfl, tb, useful, M):
 
 
 @njit(cache=True)
-def _least_peak(x, s, tff, tfr, tfl, tb, useful):
+def _least_peak(K):
+    x, useful = K[0], K[9]
     L = x.shape[0] - 1
     M = np.full((2, L + 2, L + 1), _BIG, np.int64)
     for t in range(1, L + 1):
         if useful[t - 1]:
             for st in range(t - 1, 0, -1):
-                M[1, st, t - 1] = _least_of(True, st, t - 1, x, s, tff, tfr, tfl, tb, useful, M)
+                M[1, st, t - 1] = _least_of(True, st, t - 1, K, M)
         for st in range(t, 0, -1):
-            M[0, st, t] = _least_of(False, st, t, x, s, tff, tfr, tfl, tb, useful, M)
+            M[0, st, t] = _least_of(False, st, t, K, M)
     return M[0, 1, L]
 
 
 def _arrays(c: Costs):
     """The kernel's cost tuple K: x, f, fn, b, s, tf_f, tf_r, tf_l, tb, useful (NOTE [ late left
-    parts ] in planner/_optimal_dp.py)."""
+    parts ] in planner/_optimal_dp.py), then the records of the save policies as (policies,
+    stages) arrays: s, tf_r, tf_l, tb, f, b (row 0 the base fields), the number of policies per
+    stage, and the largest record per stage (NOTE [ save policies in the recurrence ])."""
     i64 = np.int64
+    rows = [c.row(p) for p in range(c.K)]
+    Ps = np.asarray([r.s for r in rows], i64)
+    npol = np.asarray(c.npol if c.npol is not None else [1] * (c.L + 1), i64)
     return (np.asarray(c.x, i64), np.asarray(c.f, np.float64), np.asarray(c.f_nograd, np.float64),
             np.asarray(c.b, np.float64),
             np.asarray(c.s, i64), np.asarray(c.tf_f, i64), np.asarray(c.tf_r, i64),
             np.asarray(c.tf_l, i64), np.asarray(c.tb, i64),
-            np.asarray(late_useful(c), np.bool_))
+            np.asarray(late_useful(c), np.bool_),
+            Ps, np.asarray([r.tf_r for r in rows], i64), np.asarray([r.tf_l for r in rows], i64),
+            np.asarray([r.tb for r in rows], i64), np.asarray([r.f for r in rows], np.float64),
+            np.asarray([r.b for r in rows], np.float64), npol, Ps.max(axis=0))
 
 
 class PoolFrontiers:
@@ -671,6 +703,28 @@ def check_costs(c: Costs, cap: int | None = None) -> None:
             if not (math.isfinite(v) and v >= 0):
                 raise PlanError(f"times must be finite seconds >= 0, got {v!r} in {name}",
                                 field="profile.layers")
+    for k, r in enumerate(c.alt, start=1):  # save policies' records: as the base fields
+        for name in ("s", "tf_r", "tf_l", "tb", "f", "b"):
+            vals = getattr(r, name)
+            if len(vals) != L + 1:
+                raise PlanError(f"policy {k}'s {name} has {len(vals)} entries, not {L + 1}",
+                                field="profile.layers")
+            for v in vals:
+                if name in ("f", "b"):
+                    if not (math.isfinite(v) and v >= 0):
+                        raise PlanError(f"times must be finite seconds >= 0, got {v!r} in policy "
+                                        f"{k}'s {name}", field="profile.layers")
+                elif isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                    raise PlanError(f"sizes must be integers of bytes, got {v!r} in policy {k}'s "
+                                    f"{name}", field="profile.layers")
+                else:
+                    total += abs(int(v))
+    if total > _MAX_SUM:
+        raise PlanError(f"the sizes add up to {total} bytes, over the planner's ceiling of 2^60 "
+                        "(NOTE [ ceilings ] in profiler/schema.py)", field="profile.layers")
+    if c.npol is not None and (len(c.npol) != L + 1 or any(not 1 <= n <= c.K for n in c.npol)):
+        raise PlanError(f"npol must give 1..{c.K} policies for each of {L + 1} entries",
+                        field="profile.layers")
     if c.fn is not None and not all(math.isfinite(v) and v >= 0 for v in c.f_nograd):
         raise PlanError("no-grad forward times must be finite seconds >= 0", field="profile.layers")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, np.integer))
@@ -707,8 +761,7 @@ def least_peak_compiled(c: Costs) -> int:
         from memplan.planner._optimal_dp import least_peak
 
         return least_peak(c)
-    x, _, _, _, s, tff, tfr, tfl, tb, useful = _arrays(c)
-    return int(_least_peak(x, s, tff, tfr, tfl, tb, useful))
+    return int(_least_peak(_arrays(c)))
 
 
 def warm() -> float:

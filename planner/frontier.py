@@ -15,7 +15,7 @@ from memplan.planner.optimal import (
     BAND_WIDTH,
     DEFAULT_GROUPS,
     _check_options,
-    _ops_for,
+    point_for,
     solve_frontier,
 )
 from memplan.planner.schema import PlanError
@@ -149,7 +149,8 @@ def frontier(
     # replay every point's schedule: the frontier is made of predictions, like every plan
     replayed = []
     for peak in dp_peaks:
-        sim = replay(prof, _ops_for(fr, bounds, peak, L))
+        ops, pols = point_for(fr, bounds, peak, L, prof)
+        sim = replay(prof, ops, None, pols)
         replayed.append((sim.peak_bytes, sim.time_s))
     front = _pareto(replayed)
     base = store_all_time(prof)
@@ -198,7 +199,7 @@ def _lower_bounds(prof: Profile, pts: list[tuple[int, float]], *, exact: bool) -
     staircase for every budget), and above, the store-all time."""
     if exact:
         return [t for _, t in pts]
-    if prof.n_stages > BOUND_MAX_STAGES:
+    if prof.n_stages > BOUND_MAX_STAGES or prof.has_policies:  # the banded DP plans no policies
         base = store_all_time(prof)
         return [min(t, base) for _, t in pts]
     from memplan.planner._optimal_dp import costs_of

@@ -36,7 +36,17 @@ import math
 import time as _time
 
 from memplan.planner._build import finish_plan, infeasible_plan, insert_drops
-from memplan.planner._optimal_dp import costs_of, expand_ops, group_costs, schedule_ops
+from memplan.planner._optimal_dp import (
+    MAX_POLICY_RUNS,
+    PolicyRuns,
+    costs_of,
+    expand_ops,
+    expand_policies,
+    group_costs,
+    policy_runs,
+    schedule_and_policies,
+    schedule_ops,
+)
 from memplan.planner._optimal_slotted import INF, Refined, gap_of, refine
 from memplan.planner.schema import Plan, PlanError
 from memplan.planner.simulate import replay, store_all_time
@@ -61,18 +71,30 @@ BAND_WIDTH = 16  # banded mode's first band (stages); doubled until the gap is w
 
 def solve(c, *, cap: int | None = None, windowed: bool = False):
     """The compiled DP's frontiers (planner/_optimal_kernel.py; `windowed`: NOTE [ windows ]
-    there). Imported on first use: numba's import is most of `import planner`'s time, and
-    baselines and the simulator never need it."""
+    there); with save policies, one solve per `policy_runs` combination (NOTE [ save policies in
+    the recurrence ] in planner/_optimal_dp.py), as `PolicyRuns`. Imported on first use: numba's
+    import is most of `import planner`'s time, and baselines and the simulator never need it."""
     from memplan.planner._optimal_kernel import solve_compiled
 
-    return solve_compiled(c, cap=cap, windowed=windowed)
+    if c.K == 1:
+        return solve_compiled(c, cap=cap, windowed=windowed)
+    runs, left = policy_runs(c)
+    if left:
+        log.warning("optimal: stages %s keep several save policies without late splits at their "
+                    "boundary (more than %d policy runs)", left, MAX_POLICY_RUNS)
+    if len(runs) == 1:
+        return solve_compiled(c, cap=cap, windowed=windowed)
+    return PolicyRuns(c, [(solve_compiled(cc, cap=cap, windowed=windowed), fixed)
+                          for cc, fixed in runs])
 
 
 def least_peak(c) -> int:
     """The least peak (bytes) of any schedule of the recurrence, compiled (see `solve`)."""
     from memplan.planner._optimal_kernel import least_peak_compiled
 
-    return least_peak_compiled(c)
+    if c.K == 1:
+        return least_peak_compiled(c)
+    return min(least_peak_compiled(cc) for cc, _ in policy_runs(c)[0])
 
 
 def _groups(n_stages: int, groups: int) -> list[tuple[int, int]]:
@@ -108,7 +130,7 @@ def solve_frontier(
     if exact_max_stages is None:
         exact_max_stages = EXACT_MAX_STAGES if cap_bytes is not None else EXACT_MAX_STAGES_UNCAPPED
     if memo is None:
-        memo = L > exact_max_stages and _repeats(c)
+        memo = L > exact_max_stages and c.K == 1 and _repeats(c)
     if memo:
         from memplan.planner._optimal_long import solve_long
 
@@ -119,6 +141,20 @@ def solve_frontier(
         log.info("optimal: %d stages > exact_max_stages=%d; solving over %d groups",
                  L, exact_max_stages, len(bounds))
     return solve(c, cap=cap_bytes, windowed=windowed), bounds
+
+
+def _check_policy_options(mode: str, checkpoint_dtype: str) -> None:
+    """Refuse (PlanError naming the field) the options that do not plan save policies yet."""
+    if mode in ("memo", "banded", "slotted"):
+        raise PlanError(f"mode: {mode!r} does not plan save policies; use mode 'auto', 'exact' or "
+                        "'grouped' (or a profile without `policies`)")
+    if checkpoint_dtype not in ("compute", None):
+        from memplan.planner.checkpoint_dtype import parse_checkpoint_dtype
+
+        if parse_checkpoint_dtype(checkpoint_dtype) != "compute":
+            raise PlanError("checkpoint_dtype: storing checkpoints in another dtype is not planned "
+                            "together with save policies yet; use 'compute' (or a profile "
+                            "without `policies`)")
 
 
 def _repeats(c) -> bool:
@@ -139,10 +175,23 @@ def lower_bound_banded(c, budget_bytes: int, width: int = BAND_WIDTH) -> float:
 
 
 def _ops_for(fr, bounds, peak: int, n_stages: int):
-    ops = schedule_ops(fr, peak)
+    return point_for(fr, bounds, peak, n_stages)[0]
+
+
+def point_for(fr, bounds, peak: int, n_stages: int, profile: Profile | None = None
+              ) -> tuple[list, dict[int, str]]:
+    """The schedule (drops included) of the frontiers' fastest point within `peak` bytes, and
+    its save policies by name ({stage: policy}, stages under 'all' left out; names need
+    `profile`)."""
+    ops, chosen = schedule_and_policies(fr, peak)
     if bounds is not None:
         ops = expand_ops(ops, bounds)
-    return insert_drops(ops, n_stages)
+        npol = [1] + [1 + len(la.policies) for la in profile.layers] if profile else None
+        chosen = expand_policies(chosen, bounds, npol)
+    names = {}
+    if chosen and profile is not None:
+        names = {i: profile.layers[i - 1].policy_names[p] for i, p in sorted(chosen.items())}
+    return insert_drops(ops, n_stages), names
 
 
 def _check_options(max_overhead, exact_max_stages, groups) -> None:
@@ -199,6 +248,8 @@ def plan_optimal(
     t0 = _time.perf_counter()
     _check_options(max_overhead, exact_max_stages, groups)
     check_mode(mode, slots, max_gap)
+    if profile.has_policies:
+        _check_policy_options(mode, checkpoint_dtype)
     if use_slotted(mode, budget_bytes, max_overhead, checkpoint_dtype):
         return plan_slotted(profile, budget_bytes, slots=slots, max_gap=max_gap)
     if mode == "banded" and (budget_bytes is None or max_overhead is not None):
@@ -223,8 +274,8 @@ def plan_optimal(
         # NOTE [ long chains and the certificate ]; an explicit exact_max_stages keeps its meaning
         # (grouped above it), and without a budget the frontiers are uncapped (several times
         # larger): grouped, as before
-        memo = _repeats(costs_of(profile))
-        if not memo:
+        memo = not profile.has_policies and _repeats(costs_of(profile))
+        if not memo and not profile.has_policies:  # with policies: grouped (solve_frontier)
             mode = "banded"
     if mode == "banded":
         return _plan_banded(profile, budget_bytes, max_gap=max_gap, t0=t0)
@@ -247,23 +298,26 @@ def plan_optimal(
         limit = (1.0 + max_overhead) * store_all_time(profile)
         k = next((i for i, tm in enumerate(times) if tm <= limit * (1 + 1e-12)), len(times) - 1)
         if budget_bytes is not None and peaks[k] > budget_bytes:
-            ops = _ops_for(fr, bounds, peaks[k], L)
-            sim = replay(profile, ops)
+            ops, pols = point_for(fr, bounds, peaks[k], L, profile)
+            sim = replay(profile, ops, None, pols)
             if sim.peak_bytes > budget_bytes:
                 return finish_plan(
                     profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
-                    options=options,
+                    options=options, policies=pols,
                     message=f"the least memory within +{max_overhead:.1%} time is {sim.peak_bytes} bytes",
                 )
     elif budget_bytes is None:
         k = len(peaks) - 1
     else:
         k = len(peaks) - 1  # the cap already dropped the points above the budget
-    ops = _ops_for(fr, bounds, peaks[k], L)
-    sim = replay(profile, ops)
+    ops, pols = point_for(fr, bounds, peaks[k], L, profile)
+    sim = replay(profile, ops, None, pols)
     # the certificate (NOTE [ long chains and the certificate ])
     if bounds is None:
         lower = sim.time_s
+    elif profile.has_policies:  # each stage runs forward and backward once, under some policy
+        lower = min(sim.time_s, sum(min(la.policy(n).forward_s + la.policy(n).backward_s
+                                        for n in la.policy_names) for la in profile.layers))
     elif cap is not None:
         lower = min(sim.time_s, lower_bound_banded(costs_of(profile), cap))
     else:
@@ -282,10 +336,12 @@ def plan_optimal(
         if L <= 200:  # the exact least peak is O(L^3) scalar work: affordable up to ~200 stages
             msg += f"; the exact least peak is {least_peak(costs_of(profile))} bytes"
         msg += f"; within {gap:.3%} of the exact optimum (lower bound {lower:.6g} s)"
+    if pols:
+        msg += f"; {len(pols)} stages under save policies"
     msg += f"; mode {name}, {_time.perf_counter() - t0:.2f} s"
     return finish_plan(
         profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
-        message=msg, options=options,
+        message=msg, options=options, policies=pols,
     )
 
 

@@ -38,7 +38,9 @@ class StageRole(BaseModel):
     forwards: int = Field(ge=0, description="forwards (F or R) of this stage in one step")
     checkpoint: bool = Field(description="its output a_i is a checkpoint (kept, not recorded)")
     checkpoint_dtype: str | None = Field(default=None, description="storage dtype of a_i, if converted")
-    saved_bytes: int = Field(ge=0, description="bytes of its record s_i")
+    saved_bytes: int = Field(ge=0, description="bytes of its record s_i (under its save policy)")
+    policy: str = Field(default="all", description="the save policy its recorded forward runs "
+                        "under (docs/chain-model.md section 10.8)")
     output_bytes: int = Field(ge=0, description="bytes of its output a_i")
 
 
@@ -89,7 +91,8 @@ def plan_timeline(profile: Profile | dict | str, plan: Plan) -> PlanTimeline:
             f"plan.n_stages: {plan.n_stages} stages, but the profile has {prof.n_stages}; "
             "plan this profile"
         )
-    sim = simulate(prof, plan.schedule, storage=plan.checkpoint_dtypes or None)
+    sim = simulate(prof, plan.schedule, storage=plan.checkpoint_dtypes or None,
+                   policies=plan.stage_policies or None)
     if not sim.valid:
         raise PlanError(f"plan.schedule: {sim.error}")
     counts = sim.forward_counts
@@ -100,7 +103,9 @@ def plan_timeline(profile: Profile | dict | str, plan: Plan) -> PlanTimeline:
         role: Role = "recomputed" if n > 1 else ("checkpoint" if i in kept else "stored")
         stages.append(StageRole(
             stage=i, name=layer.name, role=role, forwards=n, checkpoint=i in kept,
-            checkpoint_dtype=plan.checkpoint_dtypes.get(i), saved_bytes=layer.saved_bytes,
+            checkpoint_dtype=plan.checkpoint_dtypes.get(i),
+            saved_bytes=layer.policy(plan.stage_policies.get(i, "all")).saved_bytes,
+            policy=plan.stage_policies.get(i, "all"),
             output_bytes=layer.output_bytes,
         ))
     fixed = prof.fixed_bytes

@@ -166,7 +166,10 @@ def simulate_cmd(
     ops = raw.get("schedule") if isinstance(raw, dict) else raw
     if ops is None:
         raise ValueError("schedule: the JSON object has no 'schedule' field (give a Plan or a list)")
-    sim = simulate(prof, ops)
+    policies = raw.get("stage_policies") if isinstance(raw, dict) else None
+    if policies is not None and not isinstance(policies, dict):
+        raise ValueError("stage_policies: expected an object {stage: policy name}")
+    sim = simulate(prof, ops, policies={int(k): v for k, v in (policies or {}).items()} or None)
     data = {
         "valid": sim.valid,
         "error": sim.error,
@@ -211,10 +214,17 @@ def _print_plan(prof, plan) -> None:
             n = counts[i - 1]
             kept = ("checkpoint" + (f" ({plan.checkpoint_dtypes[i]})" if i in plan.checkpoint_dtypes
                                     else "")) if i in checkpoints else ""
-            rows.append([str(i), layer.name, "recorded" if n == 1 else f"recomputed (x{n})", kept,
-                         f"{layer.forward_s * 1e3:.3f} ms", format_bytes(layer.saved_bytes)])
+            policy = plan.stage_policies.get(i, "all")
+            rec = layer.policy(policy) if policy in layer.policy_names else layer
+            row = [str(i), layer.name, "recorded" if n == 1 else f"recomputed (x{n})", kept,
+                   f"{rec.forward_s * 1e3:.3f} ms", format_bytes(rec.saved_bytes)]
+            if prof.has_policies:
+                row.insert(3, policy)
+            rows.append(row)
         cols = [Col("stage"), Col("name", number=False), Col("role", number=False),
                 Col("output kept", number=False), Col("forward", drop=2), Col("saved", drop=1)]
+        if prof.has_policies:  # the save policy of each recorded forward (section 10.8)
+            cols.insert(3, Col("saves", number=False))
         table = fitted_table(f"{prof.name}: {plan.strategy} plan", cols, rows)
         out.print(table)
     status = "[green]feasible[/green]" if plan.feasible else "[red]infeasible[/red]"

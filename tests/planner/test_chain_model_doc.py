@@ -266,6 +266,67 @@ def test_late_split_tables_and_frontier(monkeypatch):
     assert _optimal_dp.solve(c).top()[0] == [12]
 
 
+# section 10.8
+
+
+def _policy_chain() -> Profile:
+    """The profile of the `policy-chain` table: rows with policy `all` are the stages, the others
+    their policies."""
+    rows, _ = _marked("policy-chain")
+    assert rows[0]["i"] == "0"
+    layers: list[dict] = []
+    for r in rows[1:]:
+        cost = dict(forward_s=_num(r["f_i"]), backward_s=_num(r["b_i"]), saved_bytes=_num(r["s_i"]),
+                    forward_temp_bytes=_num(r["tf_i"]), backward_temp_bytes=_num(r["tb_i"]))
+        if r["policy"] == "all":
+            assert int(r["i"]) == len(layers) + 1
+            layers.append(dict(name=f"s{r['i']}", output_bytes=_num(r["x_i"]), policies=[], **cost))
+        else:
+            assert int(r["i"]) == len(layers) and _num(r["x_i"]) == layers[-1]["output_bytes"]
+            layers[-1]["policies"].append(dict(name=r["policy"], recompute=["aten.gelu"], **cost))
+    return Profile(input_bytes=_num(rows[0]["x_i"]), layers=layers)
+
+
+def test_policy_example_replays_and_is_the_plan():
+    prof = _policy_chain()
+    rows, rest = _marked("policy-replay")
+    ops = [_op(r["op"]) for r in rows]
+    policies = {op[1]: r["policy"] for op, r in zip(ops, rows, strict=True)
+                if op[0] == "R" and r["policy"] != "all"}
+    sim = simulate(prof, ops, policies=policies)
+    assert sim.valid, sim.error
+    assert [_num(r["during"]) for r in rows] == sim.timeline
+    times = []
+    for k in range(len(ops)):
+        times.append(simulate(prof, ops[:k + 1] + [], policies=policies).time_s)
+    assert [float(r["time"]) for r in rows] == times
+    for op, r in zip(ops, rows, strict=True):  # the policy column names the record's policy
+        if op[0] in ("R", "B"):
+            assert r["policy"] == policies.get(op[1], "all")
+        else:
+            assert r["policy"] == ""
+    assert (sim.peak_bytes, sim.time_s) == _summary(rest)
+    p = plan(prof, budget_bytes=13)
+    assert p.schedule == ops and p.stage_policies == policies
+    assert plan(prof.with_policies(None), budget_bytes=13).predicted.time_s == 14
+
+
+def test_policy_frontier_is_the_exhaustive_one():
+    prof = _policy_chain()
+    rows, _ = _marked("policy-frontier")
+
+    def col(name):
+        return [(_num(r["peak (bytes)"]), float(r[name])) for r in rows if r[name] != "-"]
+
+    without, with_ = col("least time without (s)"), col("least time with (s)")
+    assert sorted(_pairs(exhaustive_frontier(prof.with_policies(None), persistent=True))) == without
+    from tests.planner.test_policies import oracle_frontier
+
+    assert oracle_frontier(prof) == with_
+    c = _optimal_dp.costs_of(prof)
+    assert list(zip(*_optimal_dp.solve(c).top(), strict=True)) == with_
+
+
 # section 10.4
 
 
