@@ -63,6 +63,7 @@ while it recomputes.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import statistics
 import time
@@ -348,15 +349,21 @@ def profile_model(
     repeats: int = 3,
     warmup: int = 1,
     name: str | None = None,
+    policies: bool | Sequence[str] = False,
+    compile: bool = False,
 ) -> Profile:
     """Measure the model as a chain (NOTE [ The model as a chain ]) through its own forward and
     loss on `example_batch` (NOTE [ Measured in context ]).
 
+    `policies`: also measure save policies for each block (NOTE [ Save policies of installed
+    blocks ]): False (none), True (the profiler's built-in candidates) or a list of their names.
+    `compile`: measure the model with each block compiled (`torch.compile` per block, NOTE
+    [ Compiled blocks ]), as `auto_checkpoint(..., compile=True)` runs it.
+
     Returns a `Profile` (seconds, bytes; `meta["apply"]` records the blocks, the batch bytes and
     whether there is a prefix stage). Raises `InstallError` when the blocks do not form a chain."""
-    from memplan.profiler.memory import measure_memory
-
     from memplan.profiler.fixed import optimizer_state_bytes
+    from memplan.profiler.memory import measure_memory
 
     if not isinstance(repeats, int) or repeats < 1:
         raise InstallError(f"repeats: must be an integer >= 1, got {repeats!r}")
@@ -364,7 +371,11 @@ def profile_model(
     inputs, target = _split(example_batch, loss_fn)
     dev = _device_of(model)
     n = len(blist)
+    policy_names = _policy_names(policies)
+    compiled = _CompiledBlocks(blist) if compile else None
     tap = _Tap(model, blist)
+    calls: list[Any] = []
+    iso: list[dict[str, dict[str, float]]] = []
     try:
         with _state_kept(model, dev):
             # 1. memory of one store-all step, and what each stage saves
@@ -421,6 +432,8 @@ def profile_model(
             out_st = [_storages(hidden_out[j]) for j in range(n)]
             in_st = [_storages(hidden_in[j]) for j in range(n)]
             x_prefix = sum(_storages(hidden_in[0]).values()) if has_prefix else 0
+            if policy_names:
+                calls = [(hidden_in[j].detach(), *tap.args[j]) for j in range(n)]
             del hidden_in, hidden_out
             tap.reset()
 
@@ -456,8 +469,19 @@ def profile_model(
                     if r >= warmup:
                         for (a, t0), (_, t1) in zip(marks, marks[1:], strict=False):
                             times.setdefault(("g" if grad else "n") + a, []).append(t1 - t0)
+
+            # 4. save policies of the blocks, each block alone on its input (NOTE [ Save policies
+            # of installed blocks ])
+            tap.remove()  # its hooks would keep (and free mid-measurement) each block's output
+            tap.reset()
+            for j in range(n):
+                iso.append(_block_policies(blist[j], calls[j], policy_names, dev, repeats, warmup)
+                           if policy_names else {})
+            calls = []
     finally:
         tap.remove()
+        if compiled is not None:
+            compiled.remove()
 
     med = {k: statistics.median(v) for k, v in times.items()}
     L = n + 2 if has_prefix else n + 1
@@ -509,6 +533,10 @@ def profile_model(
             backward_temp_bytes=max(0, bpeak - b0 - in_b),
         ))
     _param_bytes(model, blist, layers, has_prefix)
+    if policy_names:
+        for j in range(n):
+            i = j + off
+            layers[i] = _with_block_policies(layers[i], iso[j])
     params = [p for p in model.parameters()]
     fixed = (sum(p.numel() * p.element_size() for p in params)
              + sum(p.numel() * p.element_size() for p in params if p.requires_grad)
@@ -521,9 +549,139 @@ def profile_model(
         input_bytes=sum(batch_st.values()), fixed_bytes=fixed, layers=layers,
         meta={"source": "memplan.executor.apply.profile_model (measured in the model's own step)",
               "torch": torch.__version__, "optimizer": optimizer, "repeats": repeats,
+              "policies": policy_names or None, "compiled": bool(compile),
               "apply": {"blocks": label, "n_blocks": n, "prefix": has_prefix,
                         "call_bytes": sum(_storages(inputs).values())}},
     )
+
+
+# NOTE [ Save policies of installed blocks ]
+# 1. Each block (not the prefix or the head: they run inside the model's own forward, where no
+#    call can be wrapped) is offered the profiler's candidate policies
+#    (`memplan.profiler.policies.candidate_policies` over one traced forward of the block).
+# 2. Each candidate and 'all' run on the block alone, on its input from the store-all step with
+#    its other arguments, the block's forward through `recorded` (what the installation runs),
+#    in one meter block for the forward and its backward from a held d_i: s = what the forward
+#    leaves beyond its new output, tf = its peak above that, tb = the backward's peak above its
+#    start less d_i and d_{i-1}; times are medians of `repeats` passes.
+# 3. A policy's fields are the block's own (measured in context, NOTE [ Measured in context ])
+#    plus the policy's difference from 'all' measured alone, so what the block does in the
+#    model's step and is not the policy's (side values, autograd's order) stays as measured.
+# 4. `select_policies` keeps the candidates that keep fewer bytes and are not beaten.
+
+
+def _policy_names(policies: bool | Sequence[str]) -> list[str]:
+    """The candidate names `profile_model(policies=...)` asks for; [] for none."""
+    if policies is False or policies is None:
+        return []
+    try:
+        from memplan.profiler.policies import BUILTIN_POLICIES
+    except ImportError:  # the profiler without candidates: whole-block recompute only
+        BUILTIN_POLICIES = ("none",)
+    if policies is True:
+        return list(BUILTIN_POLICIES)
+    if isinstance(policies, str) or not all(isinstance(p, str) for p in policies):
+        raise InstallError(f"policies: give True, False or a list of policy names "
+                           f"({', '.join(BUILTIN_POLICIES)}), not {policies!r}")
+    for name in policies:
+        if name not in BUILTIN_POLICIES:
+            raise InstallError(f"policies: {name!r} is not a built-in policy; choose from "
+                               f"{', '.join(BUILTIN_POLICIES)}")
+    return list(dict.fromkeys(policies))
+
+
+def _block_fn(block: nn.Module, call: tuple) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
+    """(the block's input hidden states, h -> the block's output hidden states with its other
+    arguments as in `call`)."""
+    hidden, args, kwargs = call
+    _, where = _hidden_in(args, kwargs)
+
+    def fn(h: torch.Tensor) -> torch.Tensor:
+        a, kw = _with_hidden(args, kwargs, where, h)
+        return _hidden_of(block(*a, **kw))
+    return hidden, fn
+
+
+def _block_policies(block: nn.Module, call: tuple, names: list[str], dev: torch.device,
+                    repeats: int, warmup: int) -> dict[str, dict[str, Any]]:
+    """'all' and each candidate policy of `block` measured alone (NOTE [ Save policies of
+    installed blocks ] rule 2): name -> saved/forward_temp/backward_temp bytes, forward/backward
+    seconds and its recompute list."""
+    from memplan.profiler.memory import measure_memory
+    from memplan.profiler.policies import recorded
+
+    hidden, fn = _block_fn(block, call)
+    rg = hidden.is_floating_point()
+    try:
+        from memplan.profiler.policies import candidate_policies, trace_ops
+
+        fn(hidden.detach().requires_grad_(rg))  # one-off initialisations out of the trace
+        cands = candidate_policies(trace_ops(fn, hidden.detach().requires_grad_(rg)), names)
+    except ImportError:
+        cands = [("none", ["*"])] if "none" in names else []
+    out: dict[str, dict[str, Any]] = {}
+    for name, rec in [("all", [])] + cands:
+        def run(x, rec=rec):
+            return recorded(fn, x, recompute=rec)
+        try:
+            x = hidden.detach().requires_grad_(rg)
+            gc.collect()  # a previous pass's reference cycles (checkpoint's frames) freed first
+            with measure_memory(dev) as meter:
+                y = run(x)
+                meter.mark("backward")
+                d = torch.ones_like(y)  # held through the backward, as the installation holds d_i
+                y.backward(d)
+            fwd, bwd = meter.phases["start"], meter.phases["backward"]
+            in_grad = sum(_storages([x.grad, d]).values()) if x.grad is not None else 0
+            new = sum(b for p, b in _storages(y).items() if p not in _storages(x))
+            del y, d, x
+            f_s, b_s = [], []
+            for r in range(warmup + repeats):
+                x = hidden.detach().requires_grad_(rg)
+                t0 = _now(dev)
+                y = run(x)
+                t1 = _now(dev)
+                y.backward(torch.ones_like(y))
+                t2 = _now(dev)
+                del y, x
+                if r >= warmup:
+                    f_s.append(t1 - t0)
+                    b_s.append(t2 - t1)
+        except RuntimeError as err:  # the selective checkpoint refuses an op of this block
+            log.warning("policy %s cannot run on this block (%s); left out", name,
+                        str(err).splitlines()[0] if str(err) else err)
+            continue
+        out[name] = {"recompute": rec, "saved_bytes": max(0, fwd.end_bytes - new),
+                     "forward_temp_bytes": max(0, fwd.peak_bytes - fwd.end_bytes),
+                     "backward_temp_bytes": max(0, bwd.peak_bytes - bwd.start_bytes - in_grad),
+                     "forward_s": statistics.median(f_s), "backward_s": statistics.median(b_s)}
+    return out
+
+
+def _with_block_policies(layer: LayerProfile, iso: dict[str, dict[str, Any]]) -> LayerProfile:
+    """`layer` with the policies measured alone in `iso`, as differences from its 'all' added to
+    its own fields (NOTE [ Save policies of installed blocks ] rules 3 and 4)."""
+    from memplan.profiler.schema import SavePolicy
+
+    base = iso.get("all")
+    if base is None:
+        return layer
+    offered = []
+    for name, m in iso.items():
+        if name == "all":
+            continue
+        fields = {k: max(0, getattr(layer, k) + m[k] - base[k]) for k in (
+            "saved_bytes", "forward_temp_bytes", "backward_temp_bytes")}
+        times = {k: max(0.0, getattr(layer, k) + m[k] - base[k]) for k in ("forward_s", "backward_s")}
+        offered.append(SavePolicy(name=name, recompute=m["recompute"], **fields, **times))
+    try:
+        from memplan.profiler.policies import select_policies
+    except ImportError:
+        kept = [p for p in offered if p.saved_bytes < layer.saved_bytes]
+    else:
+        kept = select_policies((layer.saved_bytes, layer.backward_temp_bytes, layer.backward_s),
+                               offered)
+    return layer.model_copy(update={"policies": kept})
 
 
 def _now(dev: torch.device) -> float:
@@ -646,11 +804,80 @@ class _Step:
     input_bytes: int = 0
 
 
+# NOTE [ Compiled blocks ]
+# 1. `compile=True` runs each block's forward through `torch.compile` (per block: compile fuses
+#    inside the block, the plan places the blocks), installed as the block's own `forward` so
+#    the installation's hooks stay outside the compiled code; `remove_checkpoint` takes it away.
+# 2. One compiled function per block class and save policy, taking the block as its first
+#    argument (its parameters are the graph's inputs), shared by every block of the class and
+#    by profile_model and the installation, so a model compiles once per kind of block.
+# 3. A recorded block under a policy is compiled as `recorded(forward, ., recompute=r)`: the
+#    selective checkpoint is traced by compile, and its recomputation is part of the compiled
+#    backward (no Python rerun, so the guards count none).
+_COMPILED: dict[tuple[type, tuple[str, ...] | None], Callable[..., Any]] = {}
+
+
+def _compiled(cls: type, recompute: Sequence[str] | None) -> Callable[..., Any]:
+    """torch.compile of `cls.forward` (recompute None) or of it recorded under the policy
+    `recompute`; called as fn(block, *args, **kwargs) (NOTE [ Compiled blocks ])."""
+    key = (cls, tuple(recompute) if recompute else None)
+    fn = _COMPILED.get(key)
+    if fn is None:
+        forward = cls.forward
+        if recompute:
+            from memplan.profiler.policies import recorded
+
+            rec = list(recompute)
+
+            def under_policy(block, *args: Any, **kwargs: Any) -> Any:
+                hidden, where = _hidden_in(args, kwargs)
+
+                def run(h: torch.Tensor) -> Any:
+                    a, kw = _with_hidden(args, kwargs, where, h)
+                    return forward(block, *a, **kw)
+                return recorded(run, hidden, recompute=rec)
+            fn = torch.compile(under_policy)
+        else:
+            fn = torch.compile(forward)
+        _COMPILED[key] = fn
+    return fn
+
+
+class _BlockForwards:
+    """Forwards set on blocks as instance attributes; `remove` puts back what was there."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[nn.Module, Any]] = []
+
+    def set(self, block: nn.Module, forward: Callable[..., Any]) -> None:
+        self.saved.append((block, block.__dict__.get("forward")))
+        object.__setattr__(block, "forward", forward)
+
+    def remove(self) -> None:
+        while self.saved:
+            block, before = self.saved.pop()
+            if before is None:
+                block.__dict__.pop("forward", None)
+            else:
+                object.__setattr__(block, "forward", before)
+
+
+class _CompiledBlocks(_BlockForwards):
+    """The blocks compiled for profiling (NOTE [ Compiled blocks ])."""
+
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        super().__init__()
+        for block in blocks:
+            fn = _compiled(type(block), None)
+            self.set(block, lambda *a, fn=fn, block=block, **kw: fn(block, *a, **kw))
+
+
 class _Installation:
     """A plan installed in a model by hooks (NOTE [ Installing a schedule ])."""
 
     def __init__(self, model: nn.Module, blocks: list[nn.Module], has_prefix: bool, plan: Plan,
-                 profile: Profile | None) -> None:
+                 profile: Profile | None, *, policies: dict[int, list[str]] | None = None,
+                 compile: bool = False) -> None:
         from memplan.executor.runner import forward_counts
 
         self.model, self.blocks, self.has_prefix = model, blocks, has_prefix
@@ -668,13 +895,24 @@ class _Installation:
         self.keep = {i for i in range(1, self.L) if i not in dropped}
         self.bops = ops[k + 1:]
         self.counts = forward_counts(ops, self.L)
+        self.policies = {i: list(r) for i, r in (policies or {}).items() if list(r)}
+        for i in self.policies:
+            if not 1 + self.off <= i < self.L:
+                part = "prefix" if i == 1 and has_prefix else "head" if i == self.L else "no stage"
+                raise InstallError(
+                    f"plan.stage_policies.{i}: stage {i} is the model's {part}, which runs inside "
+                    "the model's own forward; only blocks can run under a save policy (plan with "
+                    "a profile from profile_model, which offers policies for blocks only)")
+        self.compile = bool(compile)
+        self._armed: set[int] = set()  # blocks whose next call records under their policy
+        rerun = () if self.compile else self.policies.keys()
         inside = {id(m) for b in blocks for m in b.modules()}
         prefix = _Holder([m for m in model.modules() if id(m) not in inside])
         stages: list[nn.Module] = ([prefix] if has_prefix else []) + list(blocks) + [nn.Module()]
         self.device = _device_of(model)
         # forward hooks are not filtered (NOTE [ Installing a schedule ]): the installation's own
         # hooks are on the blocks
-        self.guards = StageGuards(stages, self.counts, device=self.device,
+        self.guards = StageGuards(stages, forward_counts(ops, self.L, rerun), device=self.device,
                                   enabled=("rng", "buffers", "decisions"))
         self.step: _Step | None = None
         # an input that requires grad, so that a no-grad stage's _Rejoin output always does
@@ -682,6 +920,11 @@ class _Installation:
         self.busy = False
         self.stopping = False
         self.warned_shape = False
+        self.forwards = _BlockForwards()
+        for j, block in enumerate(blocks):
+            s = j + 1 + self.off
+            if s in self.policies or self.compile:
+                self.forwards.set(block, self._forward_of(j, block, self.policies.get(s)))
         self.handles = [model.register_forward_pre_hook(self._model_pre, with_kwargs=True)]
         for j, block in enumerate(blocks):
             self.handles.append(block.register_forward_pre_hook(self._block_pre(j), with_kwargs=True))
@@ -761,6 +1004,8 @@ class _Installation:
             step.inputs[s] = hidden if self.kind[s] == "F" else None
             if keep_in and hidden is not None:
                 step.kept[0] = hidden
+            if self.kind[s] == "R" and s in self.policies:
+                self._armed.add(j)
             self._enter(s)
             return replaced
         return hook
@@ -795,6 +1040,54 @@ class _Installation:
             hidden.register_hook(self._trigger(i))
         return hidden
 
+    def _forward_of(self, j: int, block: nn.Module, recompute: list[str] | None) -> Callable:
+        """The forward installed on block j (NOTE [ Save policies of installed blocks ], NOTE
+        [ Compiled blocks ]): its recorded calls (armed by the installation) run under its save
+        policy through `recorded`; with `compile`, through `torch.compile` of the block's forward
+        (plain calls) and of its forward under the policy (recorded calls)."""
+        from memplan.profiler.policies import recorded
+
+        orig = block.forward
+        s = j + 1 + self.off
+
+        if self.compile:
+            plain = _compiled(type(block), None)
+            policy = _compiled(type(block), recompute) if recompute else None
+
+            def compiled_forward(*args: Any, **kwargs: Any) -> Any:
+                armed = j in self._armed
+                self._armed.discard(j)
+                if policy is not None and armed and torch.is_grad_enabled():
+                    return policy(block, *args, **kwargs)
+                return plain(block, *args, **kwargs)
+            return compiled_forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            armed = j in self._armed
+            self._armed.discard(j)
+            hidden, where = _hidden_in(args, kwargs)
+            if not armed or not torch.is_grad_enabled() or hidden is None:
+                return orig(*args, **kwargs)
+            calls = [0]
+
+            def fn(h: torch.Tensor) -> Any:
+                calls[0] += 1
+                a, kw = _with_hidden(args, kwargs, where, h)
+                if calls[0] == 1:  # the recorded forward itself, inside the stage's guards
+                    return orig(*a, **kw)
+                # its rerun inside the backward (NOTE [ Save policies in the runner ] points 2-3
+                # in executor/runner.py): the stage's guards, the installation's hooks idle
+                busy, self.busy = self.busy, True
+                try:
+                    with self.guards.forward(s):
+                        out = orig(*a, **kw)
+                finally:
+                    self.busy = busy
+                self.guards.flush()
+                return out
+            return recorded(fn, hidden, recompute=recompute)
+        return forward
+
     # -- the backward phase ---------------------------------------------------------------------
 
     def _queue_end(self, step: _Step) -> None:
@@ -811,6 +1104,8 @@ class _Installation:
             step.held = None
             self._queue_end(step)
             self._run_until(step, i)
+            if i in self.policies and not self.compile:
+                self.guards.flush()  # before checkpoint's rerun saves the stream's state
             # d_i lives until B i ends, as the chain model (and a no-grad stage's B i) has it
             step.held = grad
             return None
@@ -826,6 +1121,8 @@ class _Installation:
         if rec is None:
             raise InstallError(f"plan.schedule: stage {i}'s backward has no record (no R {i} before B {i})")
         inp, edge = rec
+        if i in self.policies and not self.compile:
+            self.guards.flush()  # before checkpoint's rerun saves the stream's state
         if edge is not None:
             torch.autograd.backward([edge], [grad])
         return inp.grad if inp is not None and inp.requires_grad else None
@@ -868,6 +1165,8 @@ class _Installation:
                     x = a_in.detach().requires_grad_(rg) if record else a_in
                     inp = x if record else None
                     a, kw = _with_hidden(args, kwargs, where, x)
+                    if record and i in self.policies:
+                        self._armed.add(j)
                     out = _hidden_of(self.blocks[j](*a, **kw))
         finally:
             self.busy = False
@@ -888,6 +1187,7 @@ class _Installation:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+        self.forwards.remove()
         if self.step is not None and self.step.open:
             self._exit()
         self.step = None
@@ -920,7 +1220,10 @@ def _model_stages(model: nn.Module, example_batch: Any, blocks, loss_fn) -> Prof
                    meta={"apply": {"blocks": label, "n_blocks": len(blist), "prefix": has_prefix}})
 
 
-def _install(model: nn.Module, plan: Plan, profile: Profile, blocks) -> None:
+def _install(model: nn.Module, plan: Plan, profile: Profile, blocks, *,
+             policies_from: Profile | None = None, compile: bool = False) -> None:
+    from memplan.executor.run import policy_recompute
+
     if model in _INSTALLED:
         remove_checkpoint(model)
     _, blist = find_blocks(model, blocks)
@@ -928,16 +1231,25 @@ def _install(model: nn.Module, plan: Plan, profile: Profile, blocks) -> None:
     if plan.n_stages != profile.n_stages:
         raise InstallError(f"plan.n_stages: the plan is for {plan.n_stages} stages, the model has "
                            f"{profile.n_stages}; plan this model")
-    _INSTALLED[model] = _Installation(model, blist, has_prefix, plan, profile)
+    try:
+        policies = policy_recompute(plan, policies_from or profile)
+    except ExecutorError as err:
+        raise InstallError(str(err)) from None
+    _INSTALLED[model] = _Installation(model, blist, has_prefix, plan, profile, policies=policies,
+                                      compile=compile)
 
 
 def install_plan(model: nn.Module, plan: Plan | dict | str, example_batch: Any, *,
-                 blocks: str | Sequence[nn.Module] | None = None, loss_fn: Callable | None = None) -> Plan:
+                 blocks: str | Sequence[nn.Module] | None = None, loss_fn: Callable | None = None,
+                 profile: Profile | dict | str | None = None, compile: bool = False) -> Plan:
     """Install a plan made earlier (the CLI, the API, another machine) into `model` in place.
 
     `example_batch` (one forward under torch.no_grad()) gives the model's stage sizes: a plan whose
     `profile_fingerprint` is not this model's on this batch shape is refused with `InstallError`,
-    as is a schedule that cannot be installed (`installable`). Returns the plan."""
+    as is a schedule that cannot be installed (`installable`). A plan that records blocks under
+    save policies (`plan.stage_policies`) needs `profile`, the profile it was made from (it holds
+    the policies' recompute lists). `compile`: run each block through `torch.compile` (NOTE
+    [ Compiled blocks ]). Returns the plan."""
     if isinstance(plan, str):
         plan = Plan.model_validate_json(plan)
     elif isinstance(plan, dict):
@@ -953,7 +1265,15 @@ def install_plan(model: nn.Module, plan: Plan | dict | str, example_batch: Any, 
             f"{layout.fingerprint()} ({layout.n_stages} stages on this batch shape): the plan was made "
             "for another model or batch shape; plan this one (auto_checkpoint)"
         )
-    _install(model, plan, layout, blocks)
+    prof = None
+    if profile is not None:
+        from memplan.profiler.schema import load_profile
+
+        prof = load_profile(profile)
+        if prof.fingerprint() != layout.fingerprint():
+            raise InstallError(f"profile: its fingerprint {prof.fingerprint()} is not this model's "
+                               f"{layout.fingerprint()}; give the profile the plan was made from")
+    _install(model, plan, layout, blocks, policies_from=prof, compile=compile)
     return plan
 
 
@@ -987,6 +1307,8 @@ def auto_checkpoint(
     optimizer: str = "adamw",
     profile: Profile | None = None,
     repeats: int = 3,
+    policies: bool | Sequence[str] = False,
+    compile: bool = False,
 ) -> Plan:
     """Profile `model` through its own forward and loss on `example_batch`, plan, and install the
     plan into the model in place (NOTE [ The model as a chain ], [ Installing a schedule ]).
@@ -997,7 +1319,11 @@ def auto_checkpoint(
     fastest plan. `blocks`: the repeated blocks (default: found). With `loss_fn`, the batch is
     (inputs, target) and the loss is loss_fn(model(inputs), target); otherwise the model returns
     it (`.loss`, a "loss" key, or a scalar). `profile`: one made earlier by `profile_model` for
-    this model and batch shape (skips profiling).
+    this model and batch shape (skips profiling). `policies`: profile the blocks' save policies
+    too (True: the built-in candidates, or a list of their names), so the planner can record
+    blocks under them (NOTE [ Save policies of installed blocks ]). `compile`: compile each block
+    (`torch.compile` per block), profile and plan on the compiled costs, and install the plan on
+    the compiled blocks (NOTE [ Compiled blocks ]).
 
     Returns the installed `Plan` (predicted seconds and bytes). Raises `InfeasiblePlanError` when
     nothing fits (the message says the least budget that does), `InstallError` on bad input."""
@@ -1010,7 +1336,8 @@ def auto_checkpoint(
                                      or max_overhead < 0):
         raise InstallError(f"max_overhead: a fraction >= 0 (0.2 = 20%), got {max_overhead!r}")
     prof = profile if profile is not None else profile_model(
-        model, example_batch, blocks=blocks, loss_fn=loss_fn, optimizer=optimizer, repeats=repeats)
+        model, example_batch, blocks=blocks, loss_fn=loss_fn, optimizer=optimizer, repeats=repeats,
+        policies=policies, compile=compile)
     options: dict[str, Any] = {}
     if max_overhead is not None:
         options["max_overhead"] = float(max_overhead)
@@ -1018,7 +1345,7 @@ def auto_checkpoint(
                      **options)
     if not plan.feasible:
         raise InfeasiblePlanError(f"budget: {plan.message}")
-    _install(model, plan, prof, blocks)
+    _install(model, plan, prof, blocks, compile=compile)
     return plan
 
 

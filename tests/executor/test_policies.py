@@ -15,9 +15,12 @@ block for its forward and backward.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from memplan.executor import run_plan
+from memplan.executor.apply import InstallError
 from memplan.executor.report import ExecutorError
 from memplan.planner.schema import Plan
 from memplan.planner.simulate import simulate
@@ -200,3 +203,100 @@ def test_policies_leave_the_model_as_the_unplanned_run_leaves_it(gpt_profiled):
     r = run_plan(stages, idx, p, profile=prof, steps=3, optimizer="sgd")
     assert r.status == "ok" and r.param_max_abs_diff == 0, r.message
     assert r.forward_counts == simulate(prof, p.schedule).forward_counts
+
+
+# ---------------------------------------------------------------------------------------------
+# installed plans (auto_checkpoint, install_plan) on a Hugging Face GPT-2
+
+
+@pytest.fixture(scope="module")
+def hf_profiled():
+    from memplan.executor.apply import profile_model
+
+    from tests.hf_tiny import lm_batch, tiny_lm
+
+    torch.set_num_threads(1)
+    model = tiny_lm("gpt2", "sdpa", n_layer=4, width=64, dropout=0.1).train()
+    model.config.use_cache = False
+    batch = lm_batch(4, 32, seed=100)
+    prof = profile_model(model, batch, repeats=1, warmup=0, policies=True)
+    return model, batch, prof
+
+
+def _installed_step(model, batch):
+    from memplan.executor.apply import measure_step
+
+    torch.manual_seed(7)
+    m = measure_step(model, batch, time_steps=0)
+    return m, [p.grad.clone() for p in model.parameters()]
+
+
+def test_profile_model_offers_policies_for_the_blocks_only(hf_profiled):
+    _, _, prof = hf_profiled
+    assert not prof.layers[0].policies and not prof.layers[-1].policies  # prefix, head
+    for layer in prof.layers[1:-1]:
+        names = layer.policy_names
+        assert "none" in names and "matmuls" in names, names
+        for p in layer.policies:  # select_policies: each keeps fewer bytes than 'all'
+            assert p.saved_bytes < layer.saved_bytes
+
+
+@pytest.mark.parametrize("policy", ["none", "matmuls"])
+def test_installed_plan_under_every_policy_keeps_gradients_and_its_peak(hf_profiled, policy):
+    from memplan.executor.apply import install_plan, remove_checkpoint
+
+    model, batch, prof = hf_profiled
+    ref = copy.deepcopy(model)
+    _, want = _installed_step(ref, batch)
+    bare = prof.with_policies({})
+    store = planner.plan(bare, strategy="store-all").predicted.peak_bytes
+    for plan in (planner.plan(bare, strategy="store-all"),
+                 planner.plan(bare, strategy="optimal", budget_bytes=int(0.6 * store))):
+        p = _under(plan, prof, {i: policy for i in range(2, prof.n_stages)})
+        with pytest.raises(InstallError, match=r"stage_policies\.2.*profile"):
+            install_plan(model, p, batch)  # the recompute lists are in the profile only
+        install_plan(model, p, batch, profile=prof)
+        try:
+            m, got = _installed_step(model, batch)
+        finally:
+            remove_checkpoint(model)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (policy, plan.strategy)
+        assert abs(m.peak_error_pct) <= 0.1, m.message
+
+
+def test_auto_checkpoint_chooses_policies_and_holds_its_prediction(hf_profiled):
+    from memplan.executor.apply import auto_checkpoint, remove_checkpoint
+
+    model, batch, prof = hf_profiled
+    ref = copy.deepcopy(model)
+    _, want = _installed_step(ref, batch)
+    store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
+    p = auto_checkpoint(model, batch, budget=int(0.6 * store), profile=prof)
+    try:
+        m, got = _installed_step(model, batch)
+        for step in range(3):  # the user's plain loop on fresh batches of the profiled shape
+            from tests.hf_tiny import lm_batch
+
+            model(**lm_batch(4, 32, seed=200 + step)).loss.backward()
+    finally:
+        remove_checkpoint(model)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert m.measured_peak_bytes <= int(0.6 * store) and abs(m.peak_error_pct) <= 0.1, m.message
+    assert "forward" not in model.__dict__ and all("forward" not in b.__dict__
+                                                    for b in model.transformer.h)
+    if p.stage_policies:  # the planner records blocks under policies where they pay
+        assert set(p.stage_policies) <= set(range(2, prof.n_stages))
+
+
+def test_a_policy_on_the_prefix_cannot_be_installed(hf_profiled):
+    from memplan.executor.apply import install_plan
+
+    model, batch, prof = hf_profiled
+    plan = planner.plan(prof.with_policies({}), strategy="store-all")
+    layers = list(prof.layers)
+    layers[0] = layers[0].model_copy(update={"policies": [SavePolicy(
+        name="none", recompute=["*"], saved_bytes=0, forward_s=0, backward_s=0)]})
+    odd = prof.model_copy(update={"layers": layers})
+    p = _under(plan, odd, {1: "none"})
+    with pytest.raises(InstallError, match=r"stage_policies\.1: stage 1 is the model's prefix"):
+        install_plan(model, p, batch, profile=odd)
