@@ -76,8 +76,12 @@ def _storages(tensors) -> dict[int, int]:
 
 def _tp_plan(sp: bool) -> dict:
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
 
     row_out = Shard(1) if sp else Replicate()
     plan = {
@@ -152,7 +156,7 @@ def _run_case(rank: int, spec: TPSpec, case, mesh) -> list[dict]:
         saved: dict[int, int] = {}
         n_saved = 0
 
-        def pack(tensor):
+        def pack(tensor, saved=saved):
             nonlocal n_saved
             n_saved += 1
             saved.update(_storages([tensor]))

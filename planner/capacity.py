@@ -15,6 +15,10 @@ grows with the micro-batch and the sequence (every activation does), and the per
 shrink with the GPUs at ZeRO 1-3, so each answer is the exact boundary of a monotone predicate,
 found with O(log) plans. At ZeRO 0 more GPUs leave each one the same bytes: the fewest GPUs is 1 or
 none. Searches stop at the caps below and say so (`*_capped`).
+Under model parallelism (tp x cp x pp GPUs a replica, `memplan.planner.parallelism`) the GPUs are
+searched in whole replicas (the fewest is a multiple of tp x cp x pp) and the sequence in multiples
+of cp (times tp under SP), the sizes a layout accepts. A size fits when pipeline ranks 0 and
+P - 1 both fit (NOTE [ A pipeline rank as one chain ] 3).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import logging
 from typing import Any
 
 from memplan.planner.devices import DEVICES, DevicePreset, device_preset
+from memplan.planner.parallelism import MAX_PARALLEL
 from memplan.planner.schema import PlanError
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,7 +38,8 @@ log = logging.getLogger(__name__)
 
 MAX_MICRO_BATCH = 1 << 16  # search cap: sequences per micro-batch
 MAX_SEQ_LEN = 1 << 22  # search cap: tokens per sequence
-MAX_GPUS = 1 << 16  # search cap: data-parallel GPUs
+MAX_GPUS = 1 << 16  # search cap: all GPUs
+MAX_PIPELINE_MICRO_BATCHES = 1 << 12  # micro-batches a step (gradient accumulation)
 MAX_LAYERS = 1024  # decoder layers an answer plans (published decoders have at most ~130); each
 # answer makes ~40 optimal plans of layers + 2 stages
 # bytes of one parameter as the analytic profile stores it (param_bytes), per policy
@@ -53,8 +59,29 @@ class CapacityRequest(BaseModel):
     precision: str = Field(default="bf16-mixed", description="fp32, bf16-mixed, fp16-mixed or bf16")
     seq_len: int = Field(default=4096, ge=1, le=MAX_SEQ_LEN, description="tokens per sequence")
     micro_batch: int = Field(default=1, ge=1, le=MAX_MICRO_BATCH, description="sequences per GPU per step")
-    n_gpus: int = Field(default=1, ge=1, le=MAX_GPUS, description="data-parallel GPUs")
-    zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage 0-3 (3: FSDP full shard)")
+    n_gpus: int = Field(default=1, ge=1, le=MAX_GPUS, description="all GPUs: data parallel x tp x cp x pp")
+    zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage 0-3 (3: FSDP full shard) "
+                            "over the data-parallel replicas")
+    tp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="tensor-parallel GPUs (Megatron-style "
+                    "split of heads and MLP columns; divides the heads and the MLP width)")
+    sp: bool = Field(default=False, description="sequence parallelism over the tp GPUs (norms and "
+                     "residual stream split by token)")
+    cp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="context-parallel GPUs (each "
+                    "sequence's tokens split; K and V all-gathered); divides seq_len")
+    pp: int = Field(default=1, ge=1, le=MAX_PARALLEL, description="pipeline stages (1F1B)")
+    micro_batches: int | None = Field(default=None, ge=1, le=MAX_PIPELINE_MICRO_BATCHES,
+                                      description="micro-batches a step (the pipeline's M, gradient "
+                                      "accumulation); None: pp")
+    virtual_stages: int = Field(default=1, ge=1, le=64, description="model chunks a pipeline rank "
+                                "holds: 1 is 1F1B, more the interleaved schedule")
+    intra_node_bandwidth: float | None = Field(default=None, gt=0, le=1e15, description="bytes a "
+                                               "second each way between GPUs of a node (step time "
+                                               "only); None: the device preset's")
+    inter_node_bandwidth: float | None = Field(default=None, gt=0, le=1e15, description="bytes a "
+                                               "second each way per GPU across nodes; None: the "
+                                               "preset's")
+    gpus_per_node: int | None = Field(default=None, ge=1, le=1024, description="GPUs a node holds; "
+                                      "None: the preset's (8)")
     max_overhead: float | None = Field(default=None, ge=0, le=10,
                                        description="most recompute allowed, a fraction of the step")
     attention: str = Field(default="sdpa", description="sdpa (flash kernel) or eager")
@@ -99,7 +126,8 @@ class CapacityAnswer(BaseModel):
     store_all_activation_bytes: int = Field(description="activation peak with nothing recomputed")
     overhead: float | None = Field(description="recompute time / step time without recompute")
     recomputed: list[int] = Field(default_factory=list, description="stages recomputed (1-based)")
-    step_time_s: float | None = Field(description="the plan's step time at utilization x peak")
+    step_time_s: float | None = Field(description="the step's time, seconds: compute at utilization "
+                                      "x peak plus communication (NOTE [ Step time under parallelism ])")
     max_micro_batch: int = Field(description="largest micro-batch that fits (0: none)")
     max_micro_batch_capped: bool
     max_seq_len: int = Field(description="longest sequence that fits at micro_batch (0: none)")
@@ -107,52 +135,85 @@ class CapacityAnswer(BaseModel):
     min_gpus: int | None = Field(description="fewest GPUs that fit at this ZeRO stage (None: none "
                                  "up to the cap, or ZeRO 0 and one GPU does not fit)")
     policies: list[PolicyRow] = Field(default_factory=list)
+    parallel: dict[str, Any] = Field(default_factory=dict, description="the layout (tp, sp, cp, pp, "
+                                     "dp, micro_batches, virtual_stages) and per planned pipeline "
+                                     "rank its micro-batches in flight and peak")
+    comm_buffer_bytes: int = Field(default=0, description="communication buffers per GPU (in the peak; "
+                                   "NOTE [ Communication buffers ] in planner/parallelism.py)")
+    step: dict[str, Any] = Field(default_factory=dict, description="the step time's parts (seconds) "
+                                 "and bytes sent per GPU (NOTE [ Step time under parallelism ])")
     assumptions: dict[str, Any] = Field(default_factory=dict)
 
 
 class _Asker:
-    """Plans of one config at any (micro-batch, sequence, GPUs, policy), each made once."""
+    """Plans of one config at any (micro-batch, sequence, GPUs, policy, pipeline rank), each made once."""
 
     def __init__(self, req: CapacityRequest, memory: int, flops_per_s: float):
         from memplan.profiler.hf_config import decoder_shape
 
         self.req, self.memory, self.flops_per_s = req, memory, flops_per_s
         self.shape = decoder_shape(req.config)
+        self.mp = req.tp * req.cp * req.pp  # GPUs one replica spans
+        self.seq_unit = req.cp * (req.tp if req.sp else 1)  # sequences split into this many parts
         self.cache: dict[tuple, Any] = {}
 
-    def profile(self, B: int, T: int, precision: str):
-        from memplan.profiler.hf_config import hf_analytic_profile
+    def layout(self, n: int, T: int):
+        from memplan.planner.parallelism import parallel_layout
+
+        r = self.req
+        return parallel_layout(self.shape, T, gpus=n, tp=r.tp, sp=r.sp, cp=r.cp, pp=r.pp,
+                               micro_batches=r.micro_batches, virtual_stages=r.virtual_stages)
+
+    def ranks(self) -> list[int]:
+        """The pipeline ranks an answer plans: 0 and P - 1 (NOTE [ A pipeline rank as one chain ] 3)."""
+        return sorted({0, self.req.pp - 1})
+
+    def profile(self, B: int, T: int, precision: str, n: int | None = None, p: int = 0):
+        from memplan.planner.parallelism import rank_profile
 
         # the cut's embedding stage has no FLOPs; the device type sets AdamW's step counters
-        return hf_analytic_profile(self.shape, seq_len=T, batch_size=B, precision=precision,
-                                   attention=self.req.attention, optimizer=self.req.optimizer,
-                                   flops_per_s=self.flops_per_s, device="cuda")
+        lay = self.layout(n if n is not None else self.mp, T)
+        return rank_profile(self.shape, lay, p, B=B, T=T, precision=precision, attention=self.req.attention,
+                            optimizer=self.req.optimizer, flops_per_s=self.flops_per_s,
+                            zero_stage=self.req.zero_stage)
 
-    def plan(self, B: int, T: int, n: int, precision: str, strategy: str = "optimal"):
-        key = (B, T, n, precision, strategy)
+    def plan(self, B: int, T: int, n: int, precision: str, strategy: str = "optimal", p: int = 0):
+        key = (B, T, n, precision, strategy, p)
         if key not in self.cache:
             from memplan.planner import plan
 
-            self.cache[key] = plan(self.profile(B, T, precision), memory_bytes=self.memory,
-                                   n_gpus=n, zero_stage=self.req.zero_stage, precision=precision,
-                                   strategy=strategy)
+            self.cache[key] = plan(self.profile(B, T, precision, n, p), memory_bytes=self.memory,
+                                   n_gpus=n // (self.req.tp * self.req.pp), zero_stage=self.req.zero_stage,
+                                   precision=precision, strategy=strategy)
         return self.cache[key]
 
+    def worst(self, B: int, T: int, n: int, precision: str, strategy: str = "optimal"):
+        """(pipeline rank, plan) of the planned rank with the highest peak (an infeasible one first)."""
+        plans = [(p, self.plan(B, T, n, precision, strategy, p)) for p in self.ranks()]
+        bad = [(p, pl) for p, pl in plans if not pl.feasible or pl.predicted is None]
+        if bad:
+            return bad[0]
+        return max(plans, key=lambda x: x[1].predicted.total_peak_bytes)
+
     def fits(self, B: int, T: int, n: int, precision: str) -> bool:
-        """Whether the optimal plan at (B, T, n, precision) fits. A size whose profile is beyond
-        the profile's ceilings (NOTE [ ceilings ] in profiler/schema.py) does not fit: searches
-        pass through such sizes; the asked size itself is planned first, so its errors surface."""
+        """Whether the optimal plans at (B, T, n, precision) fit on every planned pipeline rank. A
+        size whose profile is beyond the profile's ceilings (NOTE [ ceilings ] in
+        profiler/schema.py) does not fit: searches pass through such sizes; the asked size itself
+        is planned first, so its errors surface."""
         from memplan.profiler.schema import ProfileError
         from pydantic import ValidationError
 
-        try:
-            p = self.plan(B, T, n, precision)
-        except (ProfileError, ValidationError):
-            return False
-        if not p.feasible or p.predicted is None:
-            return False
         cap = self.req.max_overhead
-        return cap is None or p.predicted.overhead <= cap + 1e-12
+        for p in self.ranks():
+            try:
+                pl = self.plan(B, T, n, precision, "optimal", p)
+            except (ProfileError, ValidationError):
+                return False
+            if not pl.feasible or pl.predicted is None:
+                return False
+            if cap is not None and pl.predicted.overhead > cap + 1e-12:
+                return False
+        return True
 
 
 def _largest(ok, low: int, cap: int) -> tuple[int, bool]:
@@ -229,56 +290,84 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
                         "a capacity answer plans; profile and plan the model instead (memplan profile "
                         "--hf-config, memplan plan)")
     B, T, n, pol = req.micro_batch, req.seq_len, req.n_gpus, req.precision
+    from memplan.planner.step_time import links_for, step_time
     from memplan.profiler.hf_config import param_counts
 
+    links = links_for(req.device, intra_node=req.intra_node_bandwidth, inter_node=req.inter_node_bandwidth,
+                      gpus_per_node=req.gpus_per_node)
+    lay = ask.layout(n, T)  # the layout's checks, one line naming the field
+    mp = ask.mp
     counts = param_counts(ask.shape)
-    plan = ask.plan(B, T, n, pol)
-    store = ask.plan(B, T, n, pol, "store-all")
+    p_w, plan = ask.worst(B, T, n, pol)
+    _, store = ask.worst(B, T, n, pol, "store-all")
     fits = ask.fits(B, T, n, pol)
-    prof0 = ask.profile(B, T, pol)
-    largest_unit = max(ly.param_bytes for ly in prof0.layers) // _POLICY_P[pol]  # elements
+    prof_w = ask.profile(B, T, pol, n, p_w)
 
     def states_of(name: str) -> int:
-        """Per-GPU model-state bytes under policy `name`, as the plan's shard_profile counts them
-        (ZeRO-3: plus the largest stage's weights, gathered)."""
-        return sharded_fixed_bytes(counts.total, n_gpus=n, zero_stage=req.zero_stage, policy=name,
-                                   gathered_params=largest_unit).fixed_bytes
+        """Per-GPU model-state bytes under policy `name` on the binding pipeline rank, as the
+        plan's shard_profile counts them (ZeRO-3: plus the largest stage's weights, gathered)."""
+        prof = ask.profile(B, T, name, n, p_w)
+        unit = max(ly.param_bytes for ly in prof.layers) // _POLICY_P[name]  # elements
+        return sharded_fixed_bytes(prof.meta["fixed"]["n_params"], n_gpus=lay.shard_group,
+                                   zero_stage=req.zero_stage, policy=name, gathered_params=unit).fixed_bytes
 
     states = states_of(pol)
-    store_act = store.predicted.peak_bytes if store.predicted else _store_all_peak(ask, B, T, pol)
+    buffers = prof_w.meta["parallel"]["comm_buffer_bytes"]
+    store_act = store.predicted.peak_bytes if store.predicted else _store_all_peak(ask, B, T, n, pol)
     mb, mb_capped = _largest(lambda b: ask.fits(b, T, n, pol), 1, MAX_MICRO_BATCH)
-    sl, sl_capped = _largest(lambda t: ask.fits(B, t, n, pol), 1, MAX_SEQ_LEN)
+    q = ask.seq_unit
+    su, sl_capped = _largest(lambda u: ask.fits(B, u * q, n, pol), 1, MAX_SEQ_LEN // q)
+    sl = su * q
     if req.zero_stage == 0:
-        min_gpus = 1 if ask.fits(B, T, 1, pol) else None
+        min_gpus = mp if ask.fits(B, T, mp, pol) else None
     else:
-        min_gpus = _smallest(lambda g: ask.fits(B, T, g, pol), 1, MAX_GPUS)
+        d = _smallest(lambda k: ask.fits(B, T, k * mp, pol), 1, MAX_GPUS // mp)
+        min_gpus = d * mp if d is not None else None
     pred = plan.predicted
+    where = f" (pipeline rank {p_w} of {lay.pp})" if lay.pp > 1 else ""
     if fits:
-        msg = (f"fits: {pred.total_peak_bytes / 1e9:.1f} GB of {memory / 1e9:.1f} GB per GPU, "
+        msg = (f"fits: {pred.total_peak_bytes / 1e9:.1f} GB of {memory / 1e9:.1f} GB per GPU{where}, "
                f"recomputing {len(plan.recomputed)} of {plan.n_stages} stages "
                f"(+{100 * pred.overhead:.1f}% step time)")
     elif not plan.feasible:
-        msg = f"does not fit: {plan.message}"
+        msg = f"does not fit{where}: {plan.message}"
     else:
-        msg = (f"does not fit within +{100 * req.max_overhead:.0f}% recompute: the least recompute "
-               f"that fits costs +{100 * pred.overhead:.1f}%")
+        msg = (f"does not fit within +{100 * req.max_overhead:.0f}% recompute{where}: the least "
+               f"recompute that fits costs +{100 * pred.overhead:.1f}%")
+    per_rank, step = {}, {}
+    for p in ask.ranks():
+        pl = ask.plan(B, T, n, pol, "optimal", p)
+        meta = ask.profile(B, T, pol, n, p).meta["parallel"]
+        per_rank[str(p)] = {"in_flight": meta["in_flight"], "chain_layers": meta["chain_layers"],
+                            "rank_layers": meta["rank_layers"], "feasible": pl.feasible,
+                            "total_peak_bytes": pl.predicted.total_peak_bytes if pl.feasible and pl.predicted
+                            else None}
+        if pl.feasible and pl.predicted:
+            st = step_time(ask.shape, lay, links, B=B, T=T, precision=pol, zero_stage=req.zero_stage,
+                           chunk_time_s=pl.predicted.time_s, chunk_layers=meta["chain_layers"],
+                           rank_layers=meta["rank_layers"],
+                           recompute_fraction=len(pl.recomputed) / max(1, pl.n_stages),
+                           rank_params=ask.profile(B, T, pol, n, p).meta["fixed"]["n_params"])
+            if not step or st["step_time_s"] > step["step_time_s"]:
+                step = {**st, "pipeline_rank": p}
     rows = []
     if req.policies:
         for name in ("fp32", "bf16-mixed", "fp16-mixed", "bf16"):
-            p = ask.plan(B, T, n, name)
-            s_all = ask.plan(B, T, n, name, "store-all")
+            _, p = ask.worst(B, T, n, name)
+            _, s_all = ask.worst(B, T, n, name, "store-all")
             rows.append(PolicyRow(
                 precision=name, bytes_per_param=get_policy(name).bytes_per_param,
                 model_state_bytes=states_of(name),
                 store_all_activation_bytes=s_all.predicted.peak_bytes if s_all.predicted
-                else _store_all_peak(ask, B, T, name),
+                else _store_all_peak(ask, B, T, n, name),
                 fits=ask.fits(B, T, n, name),
                 overhead=p.predicted.overhead if p.feasible and p.predicted else None,
                 max_micro_batch=_largest(lambda b, name=name: ask.fits(b, T, n, name), 1,
                                          MAX_MICRO_BATCH)[0]))
     log.info("capacity: %d plans for %s", len(ask.cache), req.config.get("model_type"))
     return CapacityAnswer(
-        model=prof0.name, n_params=counts.total, n_active_params=counts.active, precision=pol,
+        model=ask.profile(B, T, pol, n, 0).name.removesuffix("-pp0"), n_params=counts.total,
+        n_active_params=counts.active, precision=pol,
         memory_bytes=memory, seq_len=T, micro_batch=B, n_gpus=n, zero_stage=req.zero_stage,
         max_overhead=req.max_overhead, fits=fits, message=msg, model_state_bytes=states,
         total_peak_bytes=pred.total_peak_bytes if plan.feasible and pred else None,
@@ -286,24 +375,31 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
         store_all_activation_bytes=store_act,
         overhead=pred.overhead if plan.feasible and pred else None,
         recomputed=list(plan.recomputed) if plan.feasible else [],
-        step_time_s=pred.time_s if plan.feasible and pred else None,
+        step_time_s=step.get("step_time_s"),
         max_micro_batch=mb, max_micro_batch_capped=mb_capped, max_seq_len=sl,
         max_seq_len_capped=sl_capped, min_gpus=min_gpus, policies=rows,
+        parallel={"tp": lay.tp, "sp": lay.sp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp,
+                  "shard_group": lay.shard_group,
+                  "micro_batches": lay.micro_batches, "virtual_stages": lay.virtual_stages,
+                  "binding_pipeline_rank": p_w, "pipeline_ranks": per_rank},
+        comm_buffer_bytes=sum(buffers.values()), step=step,
         assumptions={
             "device": preset.name if preset else None,
             "peak_flops": peak, "utilization": req.utilization, "attention": req.attention,
             "optimizer": req.optimizer,
             "activations": "analytic profile of the transformers layers (memplan.profiler.hf_config), "
-                           "optimal checkpoint plan; transient bytes estimated",
-            "not_counted": "communication buffers, allocator fragmentation, CUDA context",
+                           "one tensor/context-parallel rank's, optimal checkpoint plan; transient "
+                           "bytes estimated",
+            "comm_buffers": {k: v for k, v in buffers.items()},
+            "not_counted": "NCCL's channel buffers, allocator fragmentation, CUDA context",
         },
     )
 
 
-def _store_all_peak(ask: _Asker, B: int, T: int, precision: str) -> int:
-    """The store-all activation peak (bytes above the model states) when the states alone leave no
-    room to plan: a plan with no memory limit."""
+def _store_all_peak(ask: _Asker, B: int, T: int, n: int, precision: str) -> int:
+    """The store-all activation peak (bytes above the model states, the highest planned pipeline
+    rank's) when the states alone leave no room to plan: a plan with no memory limit."""
     from memplan.planner import plan
 
-    p = plan(ask.profile(B, T, precision), strategy="store-all")
-    return p.predicted.peak_bytes
+    return max(plan(ask.profile(B, T, precision, n, p), strategy="store-all").predicted.peak_bytes
+               for p in ask.ranks())
