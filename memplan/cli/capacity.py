@@ -13,7 +13,10 @@ from memplan.cli._app import app, console, echo_json, read_json, user_errors
 _OPTION = {"memory_bytes": "--memory", "seq_len": "--seq", "micro_batch": "--batch", "n_gpus": "--gpus",
            "zero_stage": "--zero-stage", "max_overhead": "--max-overhead", "precision": "--precision",
            "device": "--device", "attention": "--attention", "utilization": "--utilization",
-           "optimizer": "--optimizer"}
+           "optimizer": "--optimizer", "tp": "--tp", "sp": "--sp", "cp": "--cp", "pp": "--pp",
+           "micro_batches": "--micro-batches", "virtual_stages": "--virtual-stages",
+           "intra_node_bandwidth": "--intra-node-bandwidth",
+           "inter_node_bandwidth": "--inter-node-bandwidth", "gpus_per_node": "--gpus-per-node"}
 
 
 @app.command("capacity")
@@ -28,8 +31,25 @@ def capacity_cmd(
     precision: Annotated[str, typer.Option(help="fp32, bf16-mixed, fp16-mixed, bf16")] = "bf16-mixed",
     seq: Annotated[int, typer.Option(help="tokens per sequence")] = 4096,
     batch: Annotated[int, typer.Option(help="micro-batch: sequences per GPU per step")] = 1,
-    gpus: Annotated[int, typer.Option(help="data-parallel GPUs")] = 1,
+    gpus: Annotated[int, typer.Option(help="all GPUs: data parallel x tp x cp x pp")] = 1,
     zero_stage: Annotated[int, typer.Option(help="ZeRO stage 0-3 (3: FSDP full shard)")] = 0,
+    tp: Annotated[int, typer.Option(help="tensor-parallel GPUs (divides the heads and MLP width)")] = 1,
+    sp: Annotated[bool, typer.Option("--sp", help="sequence parallelism over the tp GPUs")] = False,
+    cp: Annotated[int, typer.Option(help="context-parallel GPUs (divides --seq)")] = 1,
+    pp: Annotated[int, typer.Option(help="pipeline stages (1F1B)")] = 1,
+    micro_batches: Annotated[
+        int | None, typer.Option(help="micro-batches a step (pipeline M; default --pp)")
+    ] = None,
+    virtual_stages: Annotated[
+        int, typer.Option(help="model chunks per pipeline rank (more than 1: interleaved 1F1B)")
+    ] = 1,
+    intra_node_bandwidth: Annotated[
+        str | None, typer.Option(help="bytes/s each way between a node's GPUs: 450GB (step time)")
+    ] = None,
+    inter_node_bandwidth: Annotated[
+        str | None, typer.Option(help="bytes/s each way per GPU across nodes: 50GB (step time)")
+    ] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(help="GPUs a node holds (default 8)")] = None,
     max_overhead: Annotated[
         str | None, typer.Option(help="most recompute allowed: 0.3 or 30% of the step")
     ] = None,
@@ -49,7 +69,13 @@ def capacity_cmd(
         raise ValueError(f"config: {config} holds no JSON object; give a Hugging Face config.json")
     request = {"config": cfg, "precision": precision, "seq_len": seq, "micro_batch": batch,
                "n_gpus": gpus, "zero_stage": zero_stage, "attention": attention,
-               "optimizer": optimizer, "utilization": utilization, "device": device}
+               "optimizer": optimizer, "utilization": utilization, "device": device, "tp": tp,
+               "sp": sp, "cp": cp, "pp": pp, "micro_batches": micro_batches,
+               "virtual_stages": virtual_stages, "gpus_per_node": gpus_per_node}
+    for key, value, flag in (("intra_node_bandwidth", intra_node_bandwidth, "--intra-node-bandwidth"),
+                             ("inter_node_bandwidth", inter_node_bandwidth, "--inter-node-bandwidth")):
+        if value is not None:
+            request[key] = parse_bytes(value, field=flag)
     if memory is not None:
         request["memory_bytes"] = parse_bytes(memory, field="--memory")
     if max_overhead is not None:
@@ -74,14 +100,27 @@ def _print(a) -> None:
 
     c = console()
     where = f"{a.n_gpus} x {format_bytes(a.memory_bytes)}" + (f", ZeRO-{a.zero_stage}" if a.zero_stage else "")
+    par = a.parallel
+    split = [f"{k}={par[k]}" for k in ("tp", "cp", "pp") if par.get(k, 1) > 1]
+    split += ["sp"] if par.get("sp") else []
+    split += [f"interleaved x{par['virtual_stages']}"] if par.get("virtual_stages", 1) > 1 else []
+    if split:
+        where += f" ({', '.join(split)}, dp={par['dp']}, {par['micro_batches']} micro-batches a step)"
     c.print(f"{a.model}: {a.n_params:,} parameters ({a.n_active_params:,} active), {a.precision}, "
             f"micro-batch {a.micro_batch} x {a.seq_len} tokens on {where}")
     c.print(("[green]" if a.fits else "[red]") + a.message + ("[/green]" if a.fits else "[/red]"))
     c.print(f"model states {format_bytes(a.model_state_bytes)} a GPU; activations "
             f"{format_bytes(a.activation_peak_bytes)} planned, {format_bytes(a.store_all_activation_bytes)} "
             f"if nothing is recomputed"
-            + (f"; step {a.step_time_s:.3g} s at {a.assumptions['utilization']:.0%} of peak"
-               if a.step_time_s is not None else ""))
+            + (f"; communication buffers {format_bytes(a.comm_buffer_bytes)}" if a.comm_buffer_bytes else ""))
+    if a.step_time_s is not None:
+        st = a.step
+        comm = ", ".join(f"{k} {st[f'{k}_comm_s']:.3g} s" for k in ("tp", "cp", "pp", "dp")
+                         if st.get(f"{k}_comm_s"))
+        c.print(f"step {a.step_time_s:.3g} s: compute {st['compute_s']:.3g} s at "
+                f"{a.assumptions['utilization']:.0%} of peak" + (f", {comm}" if comm else "")
+                + (f", bubble {st['bubble_fraction']:.0%}" if st.get("bubble_fraction") else "")
+                + " (no overlap)")
     c.print(f"max micro-batch {a.max_micro_batch}{'+' if a.max_micro_batch_capped else ''}, "
             f"max sequence {a.max_seq_len}{'+' if a.max_seq_len_capped else ''} tokens, fewest GPUs "
             f"{a.min_gpus if a.min_gpus is not None else 'none' + (' (ZeRO 0 does not shard)' if a.zero_stage == 0 else '')}")

@@ -22,9 +22,12 @@ router = APIRouter(prefix="/v1/capacity", tags=["capacity"], dependencies=[Depen
     "largest micro-batch and sequence and the fewest GPUs that fit",
     description="The body is `memplan.planner.capacity.CapacityRequest` (the config.json as an "
     "object, memory_bytes or a device preset, precision, seq_len, micro_batch, n_gpus, zero_stage, "
-    "max_overhead). Returns `CapacityAnswer`: `fits`, the optimal plan's peak and overhead, "
-    "`max_micro_batch`, `max_seq_len`, `min_gpus` and a row per precision policy. An answer that "
-    "does not fit is a 200 with `fits: false`; bad input is a 422 naming the field.",
+    "max_overhead, and the parallel layout: tp, sp, cp, pp, micro_batches, virtual_stages, with the "
+    "links' bandwidths for the step time). Returns `CapacityAnswer`: `fits`, the optimal plan's "
+    "peak and overhead on the binding GPU, `max_micro_batch`, `max_seq_len`, `min_gpus`, the "
+    "communication buffers, the step time's parts and a row per precision policy. An answer that "
+    "does not fit is a 200 with `fits: false`; bad input (tp x cp x pp not dividing n_gpus, tp not "
+    "dividing the heads, cp not dividing seq_len) is a 422 naming the field.",
     responses={
         200: {"description": "the answer (`CapacityAnswer`)",
               "content": {"application/json": {"schema": {"type": "object"}}}},
