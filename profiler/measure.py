@@ -41,7 +41,14 @@ import torch
 import torch.nn as nn
 from memplan.profiler.fixed import fixed_bytes, param_dtype, restore_state, snapshot_state
 from memplan.profiler.memory import measure_memory
-from memplan.profiler.schema import LayerProfile, Profile, ProfileError
+from memplan.profiler.policies import (
+    BUILTIN_POLICIES,
+    candidate_policies,
+    recorded,
+    select_policies,
+    trace_ops,
+)
+from memplan.profiler.schema import LayerProfile, Profile, ProfileError, SavePolicy
 from memplan.profiler.tensors import Seed, stage_input, storage_bytes, storage_sizes, unique_params
 from memplan.profiler.timing import forward_flops, time_chain, time_stage
 
@@ -67,6 +74,7 @@ def profile_chain(
     progress: Callable[[int, int, str], None] | None = None,
     meta: dict[str, Any] | None = None,
     timing: str = "chain",
+    policies: bool | Sequence[str] = False,
 ) -> Profile:
     """Measure the chain `stages` (modules run in order, the last returning the scalar loss) on
     `example_input`.
@@ -78,11 +86,15 @@ def profile_chain(
     `autocast_dtype` runs every forward under `torch.autocast` in that dtype. `timing` is "chain"
     (stages timed inside passes over the whole chain, NOTE [ timing in context ]; where the pass
     does not fit on the device, each stage alone, logged and recorded in `meta["timing"]`) or
-    "stage" (each stage alone). `progress(done, total, what)` is called after each stage. Raises
-    `ProfileError` naming the stage on bad input.
+    "stage" (each stage alone). `policies` measures save policies per stage into
+    `LayerProfile.policies` (NOTE [ measuring save policies ]): False (none, the default), True
+    (the built-in candidates, `memplan.profiler.policies.BUILTIN_POLICIES`) or a list of their
+    names. `progress(done, total, what)` is called after each stage. Raises `ProfileError`
+    naming the stage on bad input.
     """
     stages = list(stages)
     _check_options(stages, repeats, warmup, optimizer)
+    policy_names = _policy_names(policies)
     if timing not in _TIMINGS:
         raise ProfileError(f"timing: choose one of {', '.join(_TIMINGS)}, not {timing!r}")
     dev = _resolve_device(stages, example_input, device)
@@ -151,6 +163,9 @@ def profile_chain(
             extras.append({"name": label, **mem["extra"]})
             if progress is not None:
                 progress(i + 1, len(stages), label)
+        if policy_names:
+            _add_policies(stages, stage_labels, inputs, layers, extras, policy_names, dev, ctx,
+                          timing_used, repeats, warmup)
         fixed = fixed_bytes(stages, params, optimizer, dev)
         info: dict[str, Any] = {
             "source": "memplan.profiler.profile_chain (measured)",
@@ -159,6 +174,7 @@ def profile_chain(
             "warmup": warmup,
             "timing": timing_used,
             "optimizer": optimizer,
+            "policies": list(policy_names) if policy_names else None,
             "autocast_dtype": str(ac_dtype).removeprefix("torch.") if ac_dtype else None,
             "fixed": fixed,
             "stages": extras,
@@ -202,6 +218,21 @@ def _check_options(stages: list, repeats: int, warmup: int, optimizer: str) -> N
         raise ProfileError(f"warmup: must be an integer >= 0, got {warmup!r}")
     if optimizer not in _OPTIMIZERS:
         raise ProfileError(f"optimizer: choose one of {', '.join(_OPTIMIZERS)}, not {optimizer!r}")
+
+
+def _policy_names(policies) -> list[str]:
+    if policies is False or policies is None:
+        return []
+    if policies is True:
+        return list(BUILTIN_POLICIES)
+    if isinstance(policies, str) or not all(isinstance(p, str) for p in policies):
+        raise ProfileError(f"policies: give True, False or a list of policy names "
+                           f"({', '.join(BUILTIN_POLICIES)}), not {policies!r}")
+    for name in policies:
+        if name not in BUILTIN_POLICIES:
+            raise ProfileError(f"policies: {name!r} is not a built-in policy; choose from "
+                               f"{', '.join(BUILTIN_POLICIES)}")
+    return list(dict.fromkeys(policies))
 
 
 def stage_names(stages: Sequence[nn.Module]) -> list[str]:
@@ -384,6 +415,137 @@ def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict
             "backward_end_bytes": bwd.end_bytes - bwd.start_bytes if has_backward else 0,
         },
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# save policies
+
+# NOTE [ measuring save policies ]
+# 1. Candidates per stage come from one traced recorded forward of it (the second of two, the
+#    first pays one-off initialisations): NOTE [ candidate save policies ] in
+#    profiler/policies.py. The loss stage (the last) and stages whose output takes no gradient
+#    get none.
+# 2. Each candidate is measured on the real stage as the base fields are, with the same meter in
+#    one block for the forward and its backward, the stage run as `recorded(stage, a_{i-1},
+#    recompute=...)` (what the executor's `R i` runs): saved_bytes = what the recorded forward
+#    leaves minus the output a_i's new storages (the selective checkpoint's cache and its saved
+#    RNG state included: autograd's saved-tensor hooks do not see them, so the base's hook count
+#    cannot be used; for 'all' the two agree wherever `retained_other_bytes` is 0);
+#    forward_temp_bytes = forward peak minus what it leaves; backward_temp_bytes = backward peak
+#    above its start minus d_{i-1} and d_i, the recomputation inside it included. One unmeasured
+#    forward and backward under the policy runs first.
+# 3. Times: with chain timing, one pass set over the whole chain per policy name with every stage
+#    that has a candidate of that name run under it (NOTE [ timing in context ]); else each stage
+#    alone, as the base times were taken.
+# 4. A candidate the stage cannot run under (the selective checkpoint refuses an op) is left out
+#    and logged. `select_policies` keeps the rest that free bytes and are not beaten.
+
+
+class _UnderPolicy:
+    """A stage whose recorded forward runs under a save policy (an `R` op of the executor)."""
+
+    def __init__(self, stage: nn.Module, recompute: Sequence[str]) -> None:
+        self.stage, self.recompute = stage, list(recompute)
+
+    def __call__(self, x):
+        if not torch.is_grad_enabled():
+            return self.stage(x)
+        return recorded(self.stage, x, recompute=self.recompute)
+
+
+def _add_policies(stages, labels, inputs, layers, extras, names, dev, ctx, timing_used, repeats,
+                  warmup) -> None:
+    """Measure and attach the save policies `names` of every stage (NOTE [ measuring save
+    policies ])."""
+    measured: dict[int, dict[str, dict[str, Any]]] = {}
+    candidates: dict[int, list[tuple[str, list[str]]]] = {}
+    for i, stage in enumerate(stages[:-1]):
+        x = stage_input(inputs[i], i == 0)
+        with ctx():
+            out = stage(x)
+        trains = isinstance(out, torch.Tensor) and out.requires_grad
+        del out
+        if not trains:
+            continue
+
+        def run(x=x, stage=stage):
+            with ctx():
+                return stage(x)
+
+        trace_ops(run)
+        candidates[i] = candidate_policies(trace_ops(run), names)
+        measured[i] = {}
+        for name, recompute in candidates[i]:
+            try:
+                measured[i][name] = _measure_policy_memory(stage, inputs[i], i == 0, dev, ctx,
+                                                           recompute)
+            except RuntimeError as err:
+                log.warning("stage %d (%s): policy %s cannot run (%s); left out", i + 1,
+                            labels[i], name, str(err).splitlines()[0] if str(err) else err)
+    times: dict[int, dict[str, tuple[float, float]]] = {i: {} for i in measured}
+    for name in names:
+        wrapped = list(stages)
+        has = []
+        for i, by_name in measured.items():
+            if name in by_name:
+                rec = dict(candidates[i])[name]
+                wrapped[i] = _UnderPolicy(stages[i], rec)
+                has.append(i)
+        if not has:
+            continue
+        chain = None
+        if timing_used == "chain":
+            chain, _ = time_chain(wrapped, inputs[0], dev, ctx, repeats, warmup)
+        for i in has:
+            if chain is not None:
+                f_s, b_s, _ = chain[i]
+            else:
+                f_s, b_s, _ = time_stage(wrapped[i], inputs[i], i == 0, dev, ctx, repeats, warmup)
+            times[i][name] = (f_s, b_s)
+    for i, by_name in measured.items():
+        offered = [SavePolicy(name=name, recompute=dict(candidates[i])[name],
+                              saved_bytes=m["saved_bytes"],
+                              forward_temp_bytes=m["forward_temp_bytes"],
+                              backward_temp_bytes=m["backward_temp_bytes"],
+                              forward_s=times[i][name][0], backward_s=times[i][name][1])
+                   for name, m in by_name.items()]
+        base = layers[i]
+        kept = select_policies((base.saved_bytes, base.backward_temp_bytes, base.backward_s),
+                               offered)
+        layers[i] = base.model_copy(update={"policies": kept})
+        extras[i]["policies_measured"] = [p.model_dump() for p in offered]
+
+
+def _measure_policy_memory(stage, x_prev, first, dev, ctx, recompute) -> dict[str, int]:
+    """Bytes of stage's recorded forward and backward under the policy `recompute` (NOTE
+    [ measuring save policies ] rule 2): saved_bytes, forward_temp_bytes, backward_temp_bytes."""
+    # one unmeasured run first: the first selective checkpoint of a stage allocates once what
+    # later ones reuse (measured: 9,344 bytes more in the first backward of a GPT-2 layer)
+    x = stage_input(x_prev, first)
+    with ctx():
+        out = recorded(stage, x, recompute=recompute)
+    Seed.apply(out).backward()
+    del out, x
+    x = stage_input(x_prev, first)
+    before = storage_sizes([x])
+    with measure_memory(dev) as meter:
+        with ctx():
+            out = recorded(stage, x, recompute=recompute)
+        meter.mark("seed")
+        seed = Seed.apply(out)
+        meter.mark("backward")
+        seed.backward()
+    fwd, bwd = meter.phases["start"], meter.phases["backward"]
+    out_new = sum(n for ptr, n in storage_sizes([out]).items() if ptr not in before)
+    out_bytes = storage_bytes([out])
+    in_grad = storage_bytes([x.grad]) if x.grad is not None else 0
+    result = {
+        "saved_bytes": max(0, fwd.end_bytes - out_new),
+        "forward_temp_bytes": max(0, fwd.peak_bytes - fwd.end_bytes),
+        "backward_temp_bytes": max(0, bwd.peak_bytes - bwd.start_bytes - in_grad - out_bytes),
+    }
+    del out, x, seed
+    return result
 
 
 def _model_report(stages) -> dict[str, Any]:

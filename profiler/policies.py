@@ -19,18 +19,23 @@ NOTE [ selective recompute through checkpoint contexts ]
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
     create_selective_checkpoint_contexts,
 )
 
-__all__ = ["recorded", "op_name", "RECOMPUTE_ALL"]
+__all__ = ["recorded", "op_name", "RECOMPUTE_ALL", "BUILTIN_POLICIES", "MATMUL_OPS", "ATTENTION_OPS",
+           "OpRecord", "trace_ops", "candidate_policies", "select_policies"]
 
 RECOMPUTE_ALL = "*"
 
@@ -65,3 +70,199 @@ def recorded(fn: Callable[..., Any], *args: Any, recompute: Sequence[str] = ()) 
         return fn(*args)
     return checkpoint(fn, *args, use_reentrant=False,
                       context_fn=partial(_context_fn, frozenset(recompute)))
+
+
+# ---------------------------------------------------------------------------------------------
+# candidate policies of a stage, from the operators its forward runs
+
+# NOTE [ candidate save policies ]
+# The candidates are built from one traced forward of the stage (`trace_ops`: every aten op the
+# forward dispatches after autograd, as the selective checkpoint's policy function sees it), op
+# by op grouped into overload packets, the unit a policy names:
+# 1. `matmuls` keeps the outputs of matmul-like packets (MATMUL_OPS) and recomputes every other
+#    packet the stage ran (torchtitan's op-level selective checkpointing).
+# 2. `no_attention` recomputes the attention core only (Korthikanti et al. 2022, "Reducing
+#    activation recomputation in large transformer models", section 4.2): each span of the
+#    forward from a batched matmul (QK^T) to the next one (AV) with a softmax between them, and
+#    every fused attention kernel (ATTENTION_OPS). Offered only where the stage has such ops. A
+#    packet is all or nothing: one that also runs outside the core (an elementwise mul, an add)
+#    is recomputed there too.
+# 3. `none` is ["*"]: the whole stage recomputed from its input.
+# 4. `knap1`..`knap3`: the packets sorted by bytes freed per second of recompute (their new
+#    output bytes over their forward seconds, timed in the trace), recomputed in that order up
+#    to about 1/4, 1/2 and 3/4 of the recomputable bytes.
+# 5. Some packets are recomputed in every candidate, because caching them is wrong or useless
+#    (FORCED): views (their outputs alias an input: nothing to free), in-place ops and the
+#    producers of tensors an in-place op later writes (a cached tensor that is mutated after
+#    caching cannot be handed back), and random ops (all of them recomputed, so that the replay
+#    restored by checkpoint's saved RNG state draws the same numbers in the same order).
+# 6. A selective checkpoint caches the output of every op it does not recompute, whether or not
+#    the backward needs it; so a candidate can keep more than 'all'. Candidates are measured
+#    (memplan.profiler.measure) and filtered by `select_policies`.
+
+MATMUL_OPS = frozenset({
+    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten.linear",
+    "aten._scaled_mm", "aten.convolution", "aten._convolution", "aten.mkldnn_convolution",
+    "aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._flash_attention_forward", "aten._efficient_attention_forward",
+})
+ATTENTION_OPS = frozenset({
+    "aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._scaled_dot_product_attention_math", "aten._flash_attention_forward",
+    "aten._efficient_attention_forward",
+})
+_BATCHED = frozenset({"aten.bmm", "aten.baddbmm"})
+_SOFTMAX = frozenset({"aten._softmax", "aten._safe_softmax", "aten.softmax"})
+KNAPSACK_POINTS = {"knap1": 0.25, "knap2": 0.5, "knap3": 0.75}
+BUILTIN_POLICIES = ("matmuls", "no_attention", "none", *KNAPSACK_POINTS)
+
+
+@dataclass
+class OpRecord:
+    """One aten op of a traced forward."""
+
+    name: str  # its overload packet, e.g. 'aten.addmm'
+    new_bytes: int  # bytes of its outputs' storages that none of its inputs shares
+    seconds: float  # wall seconds of the op in the trace (synchronised on a GPU)
+    forced: bool  # recomputed in every candidate (NOTE [ candidate save policies ] rule 5)
+
+
+class _Trace(TorchDispatchMode):
+    def __init__(self, sync: Callable[[], None]) -> None:
+        super().__init__()
+        self.ops: list[OpRecord] = []
+        self.sync = sync
+        self.producer: dict[int, int] = {}  # output storage -> index of the op that made it
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = func._schema
+        flat_in = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        in_storages = {_storage_key(t) for t in flat_in}
+        written = [a for a, arg in zip(args, schema.arguments, strict=False)
+                   if isinstance(a, torch.Tensor) and arg.alias_info is not None
+                   and arg.alias_info.is_write]
+        written += [kwargs[arg.name] for arg in schema.arguments
+                    if arg.name in kwargs and isinstance(kwargs[arg.name], torch.Tensor)
+                    and arg.alias_info is not None and arg.alias_info.is_write]
+        self.sync()
+        t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        self.sync()
+        seconds = time.perf_counter() - t0
+        new_bytes = 0
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                key = _storage_key(t)
+                if key not in in_storages and t.untyped_storage().nbytes():
+                    new_bytes += t.untyped_storage().nbytes()
+                    in_storages.add(key)
+                    self.producer[key] = len(self.ops)
+        aliasing = any(r.alias_info is not None for r in schema.returns)
+        seeded = torch.Tag.nondeterministic_seeded in func.tags
+        for t in written:  # the op that made a tensor written in place is recomputed too
+            k = self.producer.get(_storage_key(t))
+            if k is not None:
+                self.ops[k].forced = True
+        self.ops.append(OpRecord(op_name(func), new_bytes, seconds,
+                                 forced=bool(written) or aliasing or seeded))
+        return out
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def trace_ops(fn: Callable[..., Any], *args: Any) -> list[OpRecord]:
+    """The aten ops of one recorded forward `fn(*args)` in order (autograd on), each with the new
+    bytes of its outputs and its seconds; the output is discarded. Run it twice and use the
+    second trace where times matter (the first pays one-off initialisations)."""
+    dev = next((t.device for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)), None)
+
+    def sync() -> None:
+        if dev is not None and dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    with torch.enable_grad(), _Trace(sync) as tr:
+        out = fn(*args)
+    del out
+    return tr.ops
+
+
+def _attention_core(ops: list[OpRecord]) -> set[str]:
+    """Packets of the attention core (NOTE [ candidate save policies ] rule 2); empty if none."""
+    core = {op.name for op in ops if op.name in ATTENTION_OPS}
+    batched = [k for k, op in enumerate(ops) if op.name in _BATCHED]
+    for a, b in zip(batched, batched[1:], strict=False):
+        if any(ops[k].name in _SOFTMAX for k in range(a + 1, b)):
+            core.update(ops[k].name for k in range(a, b + 1))
+    return core
+
+
+def candidate_policies(ops: list[OpRecord], names: Sequence[str] = BUILTIN_POLICIES
+                       ) -> list[tuple[str, list[str]]]:
+    """(name, recompute list) of each candidate in `names` that the traced stage `ops` offers
+    (NOTE [ candidate save policies ]), in the order of `names`; no candidate when the stage ran
+    no op. Duplicate recompute lists are kept once (the first name). Raises ValueError for an
+    unknown name."""
+    for name in names:
+        if name not in BUILTIN_POLICIES:
+            raise ValueError(f"policies: {name!r} is not a built-in policy; choose from "
+                             f"{', '.join(BUILTIN_POLICIES)}")
+    if not ops:
+        return []
+    seen = list(dict.fromkeys(op.name for op in ops))
+    forced = {op.name for op in ops if op.forced}
+    per_bytes: dict[str, int] = {}
+    per_s: dict[str, float] = {}
+    for op in ops:
+        per_bytes[op.name] = per_bytes.get(op.name, 0) + op.new_bytes
+        per_s[op.name] = per_s.get(op.name, 0.0) + op.seconds
+    out: list[tuple[str, list[str]]] = []
+
+    def add(name: str, recompute: set[str]) -> None:
+        listed = [p for p in seen if p in recompute]
+        if listed and all(listed != r for _, r in out):
+            out.append((name, listed))
+
+    free = [p for p in seen if p not in forced and per_bytes[p] > 0]
+    total = sum(per_bytes[p] for p in free)
+    order = sorted(free, key=lambda p: (-per_bytes[p] / max(per_s[p], 1e-9), seen.index(p)))
+    for name in names:
+        if name == "none":
+            out.append((name, [RECOMPUTE_ALL]))
+        elif name == "matmuls":
+            add(name, {p for p in seen if p not in MATMUL_OPS} | forced)
+        elif name == "no_attention":
+            core = _attention_core(ops)
+            if core:
+                add(name, core | forced)
+        else:
+            goal, chosen, acc = KNAPSACK_POINTS[name] * total, set(), 0
+            for p in order:
+                if acc >= goal:
+                    break
+                chosen.add(p)
+                acc += per_bytes[p]
+            if chosen:
+                add(name, chosen | forced)
+    return out
+
+
+def select_policies(base: tuple[int, int, float], measured: Sequence[Any]) -> list[Any]:
+    """The measured candidates (`SavePolicy`s) worth offering: each keeps fewer bytes than 'all'
+    (`base` = its saved_bytes, backward_temp_bytes, backward_s), none is matched or beaten by
+    another on all of saved bytes, backward transient and backward seconds (an exact duplicate
+    is kept once, the first), in their given order, at most 8."""
+    keys = [(p.saved_bytes, p.backward_temp_bytes, p.backward_s) for p in measured]
+    kept = []
+    for k, p in enumerate(measured):
+        if keys[k][0] >= base[0]:
+            continue
+        beaten = any(j != k and all(a <= b for a, b in zip(keys[j], keys[k], strict=True))
+                     and (keys[j] != keys[k] or j < k) for j in range(len(measured)))
+        if not beaten:
+            kept.append(p)
+    return kept[:8]
