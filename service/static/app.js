@@ -194,7 +194,7 @@ async function onHfConfig() {
   try {
     const job = await api("/v1/profiles", { method: "POST", headers: { Prefer: "wait=60" },
                                             body: { model: "gpt", analytic: true, config } });
-    if (job.state !== "succeeded") throw new Error(job.error ? job.error.message : `the profile job is ${job.state}`);
+    if (job.state !== "succeeded") throw new Error(job.error ? job.error.detail : `the profile job is ${job.state}`);
     await useProfile(job.result, "analytic GPT from a config");
     refreshJobs();
   } catch (err) { status(`config: ${err.message}`); }
@@ -396,31 +396,68 @@ function renderTimelineTable() {
   ]) : []);
 }
 
-// a run's timeline (memplan run --plot keeps <stem>.timeline.json): measured over predicted
+// a run's timeline (memplan run --plot keeps <stem>.timeline.json; a run job keeps timeline.json):
+// measured over predicted. `source` names where it came from; `snapshot` where its allocator
+// snapshot is (a file beside it, or the job's download link).
+function showRunTimeline(tl, source, snapshot) {
+  if (!tl || tl.format !== "memplan-timeline/1" || !Array.isArray(tl.ops) || !Array.isArray(tl.predicted_bytes)
+      || !Array.isArray(tl.stages) || tl.predicted_bytes.length !== tl.ops.length
+      || (tl.measured_bytes && tl.measured_bytes.length !== tl.ops.length)) {
+    throw new Error("not a memplan-timeline/1 file (memplan run --plot and run jobs write one)");
+  }
+  state.timeline = tl;
+  state.cursor = tl.peak_op;
+  const m = tl.measured_bytes;
+  const snap = snapshot || (tl.snapshot ? `kept beside it: ${tl.snapshot}` : "");
+  const src = $("#timeline-source");
+  src.textContent = `${source}: ${tl.profile_name}, ${tl.strategy} plan, ` +
+    (m ? `measured on ${tl.measured_device || "a run"}: peak ${fmtBytes(Math.max(...m))} measured, ` +
+         `${fmtBytes(tl.peak_bytes)} predicted` : `peak ${fmtBytes(tl.peak_bytes)} predicted`) +
+    (snap ? `; allocator snapshot ${snap} (open it at pytorch.org/memory_viz)` : "");
+  src.dataset.source = source;
+  renderTimeline();
+  renderTimelineTable();
+}
+
 function onRunTimeline() {
   const file = $("#run-timeline").files[0];
   if (!file) return;
   const reader = new FileReader();
   reader.onload = () => {
-    try {
-      const tl = JSON.parse(reader.result);
-      if (tl.format !== "memplan-timeline/1" || !Array.isArray(tl.ops) || !Array.isArray(tl.predicted_bytes)
-          || !Array.isArray(tl.stages) || tl.predicted_bytes.length !== tl.ops.length
-          || (tl.measured_bytes && tl.measured_bytes.length !== tl.ops.length)) {
-        throw new Error("not a memplan-timeline/1 file (memplan run --plot writes one)");
-      }
-      state.timeline = tl;
-      state.cursor = tl.peak_op;
-      const m = tl.measured_bytes;
-      $("#timeline-source").textContent = `${file.name}: ${tl.profile_name}, ${tl.strategy} plan, ` +
-        (m ? `measured on ${tl.measured_device || "a run"}: peak ${fmtBytes(Math.max(...m))} measured, ` +
-             `${fmtBytes(tl.peak_bytes)} predicted` : `peak ${fmtBytes(tl.peak_bytes)} predicted`) +
-        (tl.snapshot ? `; allocator snapshot kept beside it: ${tl.snapshot} (open it at pytorch.org/memory_viz)` : "");
-      renderTimeline();
-      renderTimelineTable();
-    } catch (err) { $("#timeline-source").textContent = `run timeline: ${err.message}`; }
+    try { showRunTimeline(JSON.parse(reader.result), file.name); } catch (err) {
+      $("#timeline-source").textContent = `run timeline: ${err.message}`;
+    }
   };
   reader.readAsText(file);
+}
+
+// a finished run job's timeline artifact, drawn over its prediction
+async function showJobTimeline(job, info) {
+  try {
+    const r = await api(info.href, { raw: true, headers: { Accept: "application/json" } });
+    if (!r.ok) throw new Error(`HTTP ${r.status}`);
+    const snap = (job.artifacts || []).find((a) => a.name === "snapshot.pickle" && a.href);
+    showRunTimeline(await r.json(), `run ${job.id.slice(0, 12)}`, snap ? "in the run's downloads" : "");
+    $("#timeline-section").scrollIntoView();
+    $("#timeline-chart").focus();
+  } catch (err) { $("#timeline-source").textContent = `run timeline: ${err.message}`; }
+}
+
+// an artifact's link downloads through fetch, so that the API key goes with it
+async function downloadArtifact(ev) {
+  ev.preventDefault();
+  const a = ev.currentTarget;
+  try {
+    const r = await api(a.getAttribute("href"), { raw: true, headers: { Accept: "*/*" } });
+    if (!r.ok) throw new Error(`HTTP ${r.status}`);
+    const url = URL.createObjectURL(await r.blob());
+    const tmp = el("a", { href: url, download: a.getAttribute("download") });
+    document.body.append(tmp);
+    tmp.click();
+    tmp.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+    document.body.dataset.downloads = String(Number(document.body.dataset.downloads || 0) + 1);
+  } catch (err) { $("#jobs-error").textContent = `download ${a.getAttribute("download")}: ${err.message}`; }
 }
 
 // ---- the frontier -----------------------------------------------------------------------------
@@ -535,7 +572,31 @@ function jobItem(job) {
   li.append(el("span", { class: "state" }, job.state));
   const bar = el("progress", { max: 1, value: job.progress, "aria-label": `progress of ${job.kind} ${job.id}` });
   li.append(bar);
-  li.append(el("span", { class: "msg" }, job.error ? job.error.message : job.message || ""));
+  li.append(el("span", { class: "msg" }, job.error ? job.error.detail : job.message || ""));
+  const arts = job.artifacts || [];
+  if (arts.length) {
+    const box = el("span", { class: "artifacts" });
+    for (const info of arts) {
+      if (info.href) {
+        const a = el("a", { href: info.href, download: `${job.kind}-${job.id.slice(0, 12)}-${info.name}`,
+                            class: "artifact", "data-name": info.name,
+                            "aria-label": `download ${info.name} of ${job.kind} ${job.id} (${fmtBytes(info.size_bytes)})` },
+                     `${info.name} (${fmtBytes(info.size_bytes)})`);
+        a.addEventListener("click", downloadArtifact);
+        box.append(a);
+        if (info.name === "timeline.json") {
+          const b = el("button", { type: "button", class: "show-timeline",
+                                   "aria-label": `show the measured timeline of ${job.kind} ${job.id}` }, "Show timeline");
+          b.addEventListener("click", () => showJobTimeline(job, info));
+          box.append(b);
+        }
+      } else {
+        box.append(el("span", { class: "absent", "data-name": info.name, title: info.reason || "" },
+                      `no ${info.name}: ${info.reason || "not kept"}`));
+      }
+    }
+    li.append(box);
+  }
   if (!TERMINAL.has(job.state)) {
     const b = el("button", { type: "button", "aria-label": `cancel ${job.kind} ${job.id}` }, "Cancel");
     b.addEventListener("click", () => cancelJob(job));

@@ -421,6 +421,57 @@ def test_a_runs_measured_timeline_over_the_predicted_one(serve, browser, tmp_pat
     assert b.errors() == []
 
 
+def test_a_finished_runs_artifacts_download_and_its_timeline_is_drawn(serve, browser, tmp_path, artifacts):
+    """A finished run job lists its artifacts on the page: a download link for the timeline it kept
+    (the link fetches the exact bytes the API serves, and a click saves them), the snapshot's
+    reason for being absent, and "Show timeline" draws the kept measured timeline over its
+    prediction with the numbers of the artifact."""
+    r = httpx.post(serve.url + "/v1/runs", json={"steps": 1, "config": {"timeline": 6}})
+    job = wait_for(lambda: (j := httpx.get(f"{serve.url}/v1/runs/{r.json()['id']}").json())["state"] == "succeeded"
+                   and j, timeout_s=60, what="the run to finish")
+    href = next(a["href"] for a in job["artifacts"] if a["name"] == "timeline.json")
+    want = httpx.get(serve.url + href).content
+    tl = json.loads(want)
+    b = browser
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    b.send("Page.setDownloadBehavior", behavior="allow", downloadPath=str(downloads))
+    open_page(b, serve.url)  # the page lists the jobs as it starts: the run is there
+    li = f"document.getElementById('job-{job['id']}')"
+    b.wait(f"{li} && {li}.querySelector('a.artifact') !== null", "the run's download link")
+    link = b.js(f"(() => {{ const a = {li}.querySelector('a.artifact[data-name=\"timeline.json\"]');"
+                " return {href: a.getAttribute('href'), download: a.getAttribute('download'),"
+                " label: a.getAttribute('aria-label')}; })()")
+    assert link["href"] == href and link["download"].endswith("timeline.json")
+    assert link["label"].startswith("download timeline.json")
+    absent = b.js(f"{li}.querySelector('.absent[data-name=\"snapshot.pickle\"]').textContent")
+    assert absent == "no snapshot.pickle: a fake run: no CUDA allocator to record"
+    # the link's target, fetched from the page (same origin, the page's own request path)
+    got = b.js(f"fetch({json.dumps(href)}).then(r => r.text().then(t => [r.status, r.headers.get('content-type'), t]))")
+    assert got[0] == 200 and got[1] == "application/json" and got[2].encode() == want
+    # a click downloads it: the file the browser saved holds the same bytes
+    b.js(f"{li}.querySelector('a.artifact').click()")
+    b.wait("document.body.dataset.downloads === '1' || document.querySelector('#jobs-error').textContent",
+           "the download")
+    assert b.js("document.querySelector('#jobs-error').textContent") == ""
+    saved = wait_for(lambda: [p for p in downloads.iterdir() if p.name == link["download"]],
+                     timeout_s=30, what=f"the downloaded file in {downloads}")
+    assert saved[0].read_bytes() == want
+    # the kept timeline drawn over the prediction, the numbers of the artifact
+    b.js(f"{li}.querySelector('button.show-timeline').click()")
+    b.wait("document.querySelector('#timeline-measured') !== null", "the measured line")
+    measured = b.js("[...document.querySelectorAll('#timeline-table tbody tr')].map(r => Number(r.cells[4].dataset.bytes))")
+    predicted = b.js("[...document.querySelectorAll('#timeline-table tbody tr')].map(r => Number(r.cells[2].dataset.bytes))")
+    assert measured == tl["measured_bytes"] != predicted == tl["predicted_bytes"]
+    assert b.js("Number(document.querySelector('#timeline-measured').dataset.peak)") == max(tl["measured_bytes"])
+    source = b.js("document.querySelector('#timeline-source').textContent")
+    assert source.startswith(f"run {job['id'][:12]}: chain6, sqrt plan, measured on cpu")
+    b.screenshot(artifacts / "7-run-artifacts.png")
+    assert b.errors() == []
+    outside = [u for u in b.requests() if not u.startswith(serve.url + "/") and not u.startswith("blob:")]
+    assert outside == [], f"the page made requests outside the server: {outside}"
+
+
 def test_every_control_is_named_and_reached_by_keyboard(serve, browser):
     b = browser
     open_page(b, serve.url)
@@ -481,5 +532,21 @@ def test_api_key_is_asked_once_and_sent_as_a_bearer_token(keyed_serve, browser):
     assert {r["url"].split("?")[0].removeprefix(keyed_serve.url) for r in keyed} >= {
         "/v1/examples", "/v1/runs", "/v1/profiles"}
     # the examples and the job lists were refused before the key was known: one dialog for all
+    assert b.js("document.body.dataset.keyPrompts") == "1"
+    # an artifact's link downloads with the key too (a plain link could not send it)
+    key = {"Authorization": "Bearer s3cret"}
+    r = httpx.post(keyed_serve.url + "/v1/runs", json={"steps": 1, "config": {"timeline": 4}}, headers=key)
+    wait_for(lambda: httpx.get(f"{keyed_serve.url}/v1/runs/{r.json()['id']}", headers=key).json()["state"]
+             == "succeeded", timeout_s=60, what="the run to finish")
+    b.js("document.querySelector('#jobs-refresh').click()")
+    li = f"document.getElementById('job-{r.json()['id']}')"
+    b.wait(f"{li} && {li}.querySelector('a.artifact') !== null", "the run's download link")
+    b.js(f"{li}.querySelector('a.artifact').click()")
+    b.wait("document.body.dataset.downloads === '1' || document.querySelector('#jobs-error').textContent",
+           "the download")
+    assert b.js("document.querySelector('#jobs-error').textContent") == ""
+    sent = [e["params"]["request"] for e in b.events if e["method"] == "Network.requestWillBeSent"
+            and "/artifacts/" in e["params"]["request"]["url"]]
+    assert sent and all(s["headers"].get("Authorization") == "Bearer s3cret" for s in sent)
     assert b.js("document.body.dataset.keyPrompts") == "1"
     assert b.errors() == []
