@@ -142,7 +142,8 @@ class ComputePool:
                 raise ProblemError(
                     503, f"the plan was not done within this server's {timeout_s:g} s "
                     "(MEMPLAN_PLAN_TIMEOUT_S) and was stopped; try again later with smaller "
-                    "options, or plan locally with `memplan plan`",
+                    "options, or compute it locally (`memplan plan`, `memplan capacity`, "
+                    "`memplan fit`), where no limit applies",
                     kind="timeout", headers={"Retry-After": str(max(1, int(timeout_s)))},
                 ) from None
             try:

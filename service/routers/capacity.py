@@ -3,13 +3,15 @@ the same call as `memplan capacity`."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from memplan.planner.capacity import CapacityRequest
-from memplan.service.deps import body_openapi, json_body, require_api_key
+from memplan.service.deps import SettingsDep, body_openapi, json_body, require_api_key
 from memplan.service.problems import call_library, problem_responses
+from memplan.service.routers.plans import run_bounded
 
 __all__ = ["router"]
 
@@ -31,12 +33,17 @@ router = APIRouter(prefix="/v1/capacity", tags=["capacity"], dependencies=[Depen
     responses={
         200: {"description": "the answer (`CapacityAnswer`)",
               "content": {"application/json": {"schema": {"type": "object"}}}},
-        **problem_responses(401, 413, 415, 422),
+        **problem_responses(401, 413, 415, 422, 500, 503),
     },
     openapi_extra=body_openapi(CapacityRequest),
 )
-def post_capacity(body: Annotated[CapacityRequest, Depends(json_body(CapacityRequest))]) -> Response:
+async def post_capacity(
+    request: Request, settings: SettingsDep,
+    body: Annotated[CapacityRequest, Depends(json_body(CapacityRequest))],
+) -> Response:
     from memplan.planner.capacity import capacity
 
-    answer = call_library(capacity, body, prefix="body")
+    # its plans in a planning process, under the plan limits (NOTE [ Plans in the API process ])
+    answer = await run_bounded(request, settings, partial(call_library, capacity, prefix="body"),
+                               body, in_process=True)
     return Response(answer.model_dump_json(), media_type="application/json")

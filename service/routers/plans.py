@@ -33,7 +33,6 @@ from memplan.planner.request import (
     FrontierRequest,
     PlanRequest,
     StrategyName,
-    Work,
     estimate_work,
 )
 from memplan.planner.schema import Plan, PlanError
@@ -112,25 +111,26 @@ def check_work(body: PlanRequest | FrontierRequest, settings: Settings) -> None:
     raise ProblemError(422, msg, kind="too-much-work", errors=[FieldError(field=field, message=msg)])
 
 
-async def run_bounded(request: Request, settings: Settings, fn, *args, work: Work | None = None):
+async def run_bounded(request: Request, settings: Settings, fn, *args, in_process: bool | None = None):
     """`fn(*args)` under the plan limits (NOTE [ Plans in the API process ]): its value, or a 503
-    problem after `plan_timeout_s`. `work` (default: estimated from a PlanRequest or
-    FrontierRequest first argument) chooses a planning process or a thread."""
+    problem after `plan_timeout_s`. `in_process` chooses a planning process (True) or a thread;
+    default: by the work estimate of a PlanRequest or FrontierRequest first argument."""
     state = request.app.state
     sem = getattr(state, "plan_slots", None)
     if sem is None:
         sem = state.plan_slots = asyncio.Semaphore(settings.plan_concurrency)
-    if work is None and args and isinstance(args[0], (PlanRequest, FrontierRequest)):
-        work = estimate_work(args[0])
+    if in_process is None:
+        in_process = (bool(args) and isinstance(args[0], (PlanRequest, FrontierRequest))
+                      and estimate_work(args[0]).steps > settings.plan_process_min_steps)
     async with sem:
-        if work is not None and work.steps > settings.plan_process_min_steps:
+        if in_process:
             try:
                 return await compute_pool(request, settings).run(
                     fn, *args, timeout_s=settings.plan_timeout_s,
                     disconnected=request.is_disconnected)
             except ClientLeft:
                 # nobody reads the answer; the status is for the access log
-                raise ProblemError(503, "the client disconnected; its plan was stopped",
+                raise ProblemError(503, "the client disconnected; its computation was stopped",
                                    kind="client-left") from None
         task = asyncio.ensure_future(run_in_threadpool(fn, *args))
         try:

@@ -7,18 +7,20 @@ docstring); `memplan size` calls the same function.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from memplan.planner.request import MAX_BUDGET_BYTES, StrategyName
-from memplan.service.deps import body_openapi, json_body, require_api_key
+from memplan.service.deps import SettingsDep, body_openapi, json_body, require_api_key
 from memplan.service.problems import (
     FieldError,
     ProblemError,
     call_library,
     problem_responses,
 )
+from memplan.service.routers.plans import run_bounded
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["router", "FitRequest"]
@@ -100,11 +102,14 @@ class FitRequest(BaseModel):
     summary="Fit L = E + A/N^alpha + B/D^beta to runs (Huber on log loss, global search, bootstrap)",
     responses={
         200: {"description": "the fit (`FitResult`)", "content": {"application/json": {"schema": {"type": "object"}}}},
-        **problem_responses(401, 413, 415, 422),
+        **problem_responses(401, 413, 415, 422, 500, 503),
     },
     openapi_extra=body_openapi(FitRequest),
 )
-def post_fit(body: Annotated[FitRequest, Depends(json_body(FitRequest))]) -> Response:
+async def post_fit(
+    request: Request, settings: SettingsDep,
+    body: Annotated[FitRequest, Depends(json_body(FitRequest))],
+) -> Response:
     from memplan.planner import scaling
 
     rows = []
@@ -119,9 +124,12 @@ def post_fit(body: Annotated[FitRequest, Depends(json_body(FitRequest))]) -> Res
             422, f"runs.{i}: give tokens or flops", kind="invalid-input",
             errors=[FieldError(field=f"body.runs.{i}.tokens", message="give tokens or flops")],
         )
-    result = call_library(
-        scaling.fit_law, rows, method=body.method, alpha_equals_beta=body.alpha_equals_beta,
+    # in a planning process, under the plan limits (NOTE [ Plans in the API process ]): a fit of
+    # many runs with many resamples takes minutes
+    fit = partial(
+        call_library, scaling.fit_law, method=body.method, alpha_equals_beta=body.alpha_equals_beta,
         fixed_E=body.fixed_E, bootstrap=body.bootstrap, seed=body.seed, confidence=body.confidence,
         flops=body.flops or None, prefix="body",
     )
+    result = await run_bounded(request, settings, fit, rows, in_process=True)
     return Response(result.model_dump_json(), media_type="application/json")
