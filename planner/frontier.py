@@ -42,6 +42,9 @@ class FrontierPoint(BaseModel):
         "(seconds; NOTE [ long chains and the certificate ] in planner/optimal.py)",
     )
     optimality_gap: float = Field(ge=0, description="(time - lower_bound_s) / lower_bound_s; 0: exact")
+    policies: dict[str, int] = Field(
+        default_factory=dict, description="save policy -> stages recorded under it at this point "
+        "(policies other than 'all'; docs/chain-model.md section 10.8)")
 
 
 class BaselinePoint(BaseModel):
@@ -71,6 +74,9 @@ class Frontier(BaseModel):
     n_pareto: int = Field(description="Pareto points found (before thinning to `points`)")
     points: list[FrontierPoint] = Field(description="by ascending peak (descending time)")
     baselines: list[BaselinePoint]
+    whole_stage_points: list[FrontierPoint] | None = Field(
+        default=None, description="with save policies in the profile: the frontier with every "
+        "stage recorded whole ('all'), to show what the policies buy; None otherwise")
 
 
 def _pareto(pairs: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -148,10 +154,15 @@ def frontier(
     L = prof.n_stages
     # replay every point's schedule: the frontier is made of predictions, like every plan
     replayed = []
+    used: dict[tuple[int, float], dict[str, int]] = {}
     for peak in dp_peaks:
         ops, pols = point_for(fr, bounds, peak, L, prof)
         sim = replay(prof, ops, None, pols)
         replayed.append((sim.peak_bytes, sim.time_s))
+        counts: dict[str, int] = {}
+        for name in pols.values():
+            counts[name] = counts.get(name, 0) + 1
+        used[replayed[-1]] = dict(sorted(counts.items()))
     front = _pareto(replayed)
     base = store_all_time(prof)
     rows = _baselines(prof)
@@ -179,10 +190,14 @@ def frontier(
         points=[
             FrontierPoint(peak_bytes=front[i][0], time_s=front[i][1],
                           overhead=max(0.0, front[i][1] / base - 1) if base > 0 else 0.0,
-                          lower_bound_s=lb, optimality_gap=gap_of(front[i][1], lb))
+                          lower_bound_s=lb, optimality_gap=gap_of(front[i][1], lb),
+                          policies=used.get(front[i], {}))
             for i, lb in zip(idx, lower, strict=True)
         ],
         baselines=baselines,
+        whole_stage_points=(frontier(prof.with_policies(None), points=points,
+                                     exact_max_stages=exact_max_stages, groups=groups).points
+                            if prof.has_policies else None),
     )
 
 
@@ -230,6 +245,10 @@ def plot_frontier(result: Frontier, path: str | Path) -> Path:
     ys = [p.overhead * 100 for p in result.points]
     ax.step(xs, ys, where="post", color="black", lw=1.5, label=f"optimal ({result.mode})")
     ax.plot(xs, ys, "o", color="black", ms=3)
+    if result.whole_stage_points:  # what the save policies buy (section 10.8)
+        ax.step([p.peak_bytes * gib for p in result.whole_stage_points],
+                [p.overhead * 100 for p in result.whole_stage_points], where="post",
+                color="grey", lw=1, ls="--", label="whole stages only (no save policies)")
     markers = {"store-all": "s", "sqrt": "^", "uniform": "x", "heuristic": "+"}
     for strategy in dict.fromkeys(b.strategy for b in result.baselines):
         pts = [b for b in result.baselines if b.strategy == strategy]

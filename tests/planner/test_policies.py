@@ -212,3 +212,24 @@ def test_policy_schema_is_validated():
     two = [dict(name="x", saved_bytes=0, forward_s=1, backward_s=1)] * 2
     with pytest.raises(ProfileError, match="repeats the name"):
         load_profile({"input_bytes": 1, "layers": [{**base, "policies": two}]})
+
+
+def test_frontier_names_the_policies_and_shows_what_they_buy(tmp_path):
+    from memplan.planner.frontier import plot_frontier
+
+    prof = _gpt_like(4)
+    fr = frontier(prof)
+    whole = fr.whole_stage_points
+    assert whole is not None and fr.least_peak_bytes < whole[0].peak_bytes
+    assert any(p.policies for p in fr.points) and not any(p.policies for p in whole)
+    for p in fr.points:  # each point's policy counts are those of the plan at its peak
+        plan_p = plan(prof, strategy="optimal", budget_bytes=p.peak_bytes)
+        counts: dict[str, int] = {}
+        for name in plan_p.stage_policies.values():
+            counts[name] = counts.get(name, 0) + 1
+        assert plan_p.predicted.time_s == pytest.approx(p.time_s) and counts == p.policies
+    for w in whole:  # policies never make a budget slower
+        k = max(i for i, p in enumerate(fr.points) if p.peak_bytes <= w.peak_bytes)
+        assert fr.points[k].time_s <= w.time_s * (1 + 1e-9)
+    assert plot_frontier(fr, tmp_path / "f.png").stat().st_size > 0
+    assert frontier(prof.with_policies(None)).whole_stage_points is None
