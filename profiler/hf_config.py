@@ -398,6 +398,49 @@ def _layer_saved(s: DecoderShape, i: int, B: int, T: int, p: int, c: int, attent
     return saved
 
 
+# NOTE [ Save policies of a Llama-style layer from shapes ]
+# As NOTE [ Save policies of a GPT block from shapes ] in profiler/analytic.py (the selective
+# checkpoint caches every output it does not recompute, plus checkpoint's CPU random state R),
+# per dense Llama (or Mistral, without its sliding window) layer in fp32 (p = c = 4), SDPA's flash
+# kernel (no dropout, no padding mask), N = B T:
+#   none          R
+#   matmuls       q, k, v, o, gate, up, down projections c (ND + 2 N Dkv + NC + 2 NF + NC) and the
+#                 kernel's output and logsumexp c ND + 4 BHT, + R
+#   no_attention  everything but the kernel: per RMSNorm pow's output, the normalised x and the
+#                 weight's product 3 c NC and the mean, mean + eps and rsqrt 12 N (two norms);
+#                 the projections as above without the kernel; rotary on q and k (x cos, the
+#                 negated half, the concatenation, x sin, the sum: 4.5 c ND and 4.5 c N Dkv);
+#                 the attention residual c NC; silu's output and the product 2 c NF, + R
+#   = c (9 NC + 5.5 ND + 6.5 N Dkv + 4 NF) + 24 N + R
+# Korthikanti et al. 2022 (Table 2): selective recompute drops the T^2 term, which the flash kernel
+# never keeps, so `no_attention` frees nothing against 'all' here. Checked equal to the
+# profiler's measurement on a tiny Llama (tests/profiler/test_policies.py).
+
+
+def llama_layer_policy_bytes(shape: DecoderShape, *, seq_len: int, batch_size: int = 1,
+                             device: str = "cpu") -> dict[str, int]:
+    """Saved bytes of one dense Llama-style decoder layer (fp32, SDPA's flash kernel, no
+    dropout) under the save policies 'none', 'matmuls' and 'no_attention' (NOTE [ Save policies
+    of a Llama-style layer from shapes ]), by name, in bytes. Raises ProfileError for other
+    families, experts or norms."""
+    if shape.model_type not in ("llama", "mistral") or any(shape.moe_layers) or shape.qkv_bias \
+            or shape.o_bias or shape.mlp_bias:
+        raise ProfileError(f"config.model_type: save policies are derived for dense Llama and "
+                           f"Mistral layers without biases only, not {shape.model_type}; measure "
+                           "them (profile_chain(policies=True))")
+    B, T = batch_size, seq_len
+    N, C, H, hd = B * T, shape.hidden_size, shape.n_head, shape.head_dim
+    D, Dkv, F = H * hd, shape.n_kv_head * hd, shape.intermediate_size
+    c = 4
+    rng = 5056 if device.startswith("cpu") else 0
+    projections = c * (N * D + 2 * N * Dkv + N * C + 2 * N * F + N * C)
+    return {
+        "none": rng,
+        "matmuls": projections + c * N * D + 4 * B * H * T + rng,
+        "no_attention": c * (18 * N * C + 11 * N * D + 13 * N * Dkv + 8 * N * F) // 2 + 24 * N + rng,
+    }
+
+
 def _layer_flops(s: DecoderShape, i: int, B: int, T: int) -> int:
     """Forward FLOPs of decoder layer `i` on B x T tokens (matrix products, attention in full)."""
     N, C, H, hd = B * T, s.hidden_size, s.n_head, s.head_dim
@@ -470,10 +513,11 @@ def check_split(s: DecoderShape, seq_len: int, *, tp: int = 1, sp: bool = False,
             raise ProfileError(f"tp: {tp} tensor-parallel ranks must divide config.{what} ({size}); "
                                f"choose a divisor of it")
     if seq_len % cp:
-        raise ProfileError(f"cp: {cp} context-parallel ranks must divide seq_len ({seq_len})")
+        raise ProfileError(f"seq_len: {seq_len} tokens do not split over cp = {cp} context-parallel "
+                           "ranks; choose a multiple of cp")
     if sp and (seq_len // cp) % tp:
-        raise ProfileError(f"sp: sequence parallelism splits each rank's {seq_len // cp} tokens over "
-                           f"tp ({tp}); choose seq_len divisible by cp x tp")
+        raise ProfileError(f"seq_len: sequence parallelism splits each rank's {seq_len // cp} tokens "
+                           f"over tp = {tp}; choose a multiple of cp x tp ({cp * tp})")
 
 
 def _rank_params(s: DecoderShape, counts: ParamCounts, tp: int) -> tuple[int, list[int], int]:

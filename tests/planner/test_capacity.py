@@ -190,3 +190,130 @@ def test_cli_profile_hf_config_measured_equals_analytic(tmp_path):
     assert got["meta"]["source"].endswith("(measured)")
     assert [(ly["output_bytes"], ly["saved_bytes"]) for ly in got["layers"]] == [
         (ly.output_bytes, ly.saved_bytes) for ly in want.layers]
+
+
+def test_interleaved_in_flight_equals_a_simulation_of_the_schedule():
+    """NOTE [ Interleaved 1F1B in flight ]: rank p holds min(2 (P - p - 1) + (v - 1) P + 1, M v)
+    chunk-micro-batches (all M v when M = P), and the step is (M v + P - 1) chunk times: a bubble of
+    (P - 1)/(v M), in an event simulation of Megatron-LM's interleaved order."""
+    from memplan.planner.pipeline_parallel import (bubble_fraction, in_flight_interleaved,
+                                                   interleaved_1f1b, simulate_interleaved)
+
+    for P in range(2, 7):
+        for v in (2, 3):
+            for M in (P, 2 * P, 3 * P):
+                sim = simulate_interleaved(P, M, v, forward_s=1.0, backward_s=2.0)
+                assert list(sim.max_in_flight) == [in_flight_interleaved(P, M, v, p) for p in range(P)]
+                assert sim.makespan_s == (M * v + P - 1) * 3.0
+                assert sim.makespan_s == pytest.approx(M * v * 3.0 * (1 + bubble_fraction(P, M, v)))
+    # rank 0 holds L/P (1 + (P - 1)/(P v)) layers' worth (Korthikanti et al. 2022): 11 chunks of L/8
+    assert in_flight_interleaved(4, 8, 2, 0) == 11 and in_flight_interleaved(4, 8, 1, 0) == 4
+    for ops in interleaved_1f1b(3, 6, 2):
+        assert sorted(ops) == sorted([(k, j, m) for k in "FB" for j in range(2) for m in range(6)])
+    with pytest.raises(PlanError, match="^micro_batches: the interleaved schedule runs a multiple"):
+        in_flight_interleaved(4, 6, 2, 0)
+
+
+def test_parallel_layout_errors_name_the_field():
+    base = {"config": LLAMA7B, "memory_bytes": 80 * 10**9, "policies": False}
+    for extra, field in ((dict(n_gpus=6, tp=4), "n_gpus"), (dict(n_gpus=3, tp=3), "tp"),
+                         (dict(n_gpus=2, cp=2, seq_len=4097), "seq_len"), (dict(n_gpus=2, sp=True), "sp"),
+                         (dict(n_gpus=2, tp=2, sp=True, seq_len=4095), "seq_len"),
+                         (dict(n_gpus=64, pp=64), "pp"), (dict(tp=0), "tp"),
+                         (dict(n_gpus=2, pp=2, virtual_stages=2, micro_batches=3), "micro_batches"),
+                         (dict(virtual_stages=2), "virtual_stages"), (dict(gpus_per_node=0), "gpus_per_node")):
+        with pytest.raises(PlanError, match=f"^{field}: ") as err:
+            capacity({**base, **extra})
+        assert "\n" not in str(err.value)
+    tiny_moe = json.loads((CONFIGS / "tiny-mixtral.json").read_text())
+    with pytest.raises(PlanError, match="^tp: .*MoE"):
+        capacity({"config": tiny_moe, "memory_bytes": 10**9, "n_gpus": 2, "tp": 2, "seq_len": 8})
+
+
+def test_llama2_7b_tp2_pp2_states_boundaries_and_step_time():
+    """8 x 80 GB, tp=2, pp=2 (dp=2), ZeRO-1: each GPU holds half of half of the model's tensors,
+    the optimizer state halved again; the boundaries hold one step either side."""
+    from memplan.planner.step_time import LINKS
+    from memplan.profiler.hf_config import _rank_params, decoder_shape, param_counts
+
+    base = {"config": LLAMA7B, "device": "h100", "memory_bytes": 80 * 10**9, "seq_len": 4096,
+            "precision": "bf16-mixed", "n_gpus": 8, "zero_stage": 1, "tp": 2, "pp": 2,
+            "max_overhead": 0.3, "policies": False}
+    a = capacity(base)
+    assert a.fits and a.parallel["dp"] == 2 and a.parallel["micro_batches"] == 2
+    shape = decoder_shape(LLAMA7B)
+    embed, layers, head = _rank_params(shape, param_counts(shape), 2)
+    C, F = 4096, 11008
+    assert layers[0] == (4 * C * C + 3 * C * F) // 2 + 2 * C  # norms whole on each rank
+    rank0 = embed + sum(layers[:16])  # pipeline rank 0: the embedding and 16 layers
+    rank1 = sum(layers[16:]) + head
+    n = rank0 if a.parallel["binding_pipeline_rank"] == 0 else rank1
+    assert a.model_state_bytes == (4 + 4) * n + 8 * n // 2
+    # rank 0 holds 2 micro-batches in flight, rank 1 one
+    assert {k: v["in_flight"] for k, v in a.parallel["pipeline_ranks"].items()} == {"0": 2, "1": 1}
+    # pipeline receive buffers: one activation each way (rank 0: one), bf16-mixed keeps fp32 x
+    assert a.comm_buffer_bytes == 4 * 4096 * C
+    mb = a.max_micro_batch
+    assert capacity({**base, "micro_batch": mb}).fits and not capacity({**base, "micro_batch": mb + 1}).fits
+    g = a.min_gpus
+    assert g % 4 == 0 and capacity({**base, "n_gpus": g}).fits
+    assert g == 4 or not capacity({**base, "n_gpus": g - 4}).fits
+    # step time: NOTE [ Step time under parallelism ]; ZeRO-1 all-reduces the rank's fp32 gradients
+    st, link = a.step, LINKS["h100"]
+    G = 4 * (rank0 if st["pipeline_rank"] == 0 else rank1)
+    assert st["dp_comm_s"] == pytest.approx(2 * (2 - 1) / 2 * G / link.intra_node)
+    assert st["bubble_fraction"] == 0.5
+    tp_layer = 4 * 2 * (2 - 1) / 2 * 2 * 4096 * C  # four all-reduces of bf16 N x C a layer
+    assert st["tp_comm_s"] == pytest.approx(3 * 16 * tp_layer / link.intra_node)  # (M + P - 1) x 16 layers
+    assert a.step_time_s == pytest.approx(st["compute_s"] + st["tp_comm_s"] + st["pp_comm_s"] + st["dp_comm_s"])
+    slow = capacity({**base, "intra_node_bandwidth": link.intra_node / 2})
+    assert slow.step["tp_comm_s"] == pytest.approx(2 * st["tp_comm_s"])
+
+
+def test_sequence_and_context_parallel_shrink_the_activations():
+    """At tp=2 SP splits the norms and the residual stream too; cp=2 halves every activation but
+    the gathered K and V; both leave the model states of their layout."""
+    from memplan.planner.parallelism import parallel_layout, rank_profile
+    from memplan.profiler.hf_config import decoder_shape
+
+    shape = decoder_shape(LLAMA7B)
+    kw = dict(B=1, T=4096, precision="bf16", attention="sdpa", optimizer="adamw", flops_per_s=1e15,
+              zero_stage=0)
+    whole = rank_profile(shape, parallel_layout(shape, 4096, gpus=1), 0, **kw).layers[1].saved_bytes
+    tp = rank_profile(shape, parallel_layout(shape, 4096, gpus=2, tp=2), 0, **kw).layers[1].saved_bytes
+    sp = rank_profile(shape, parallel_layout(shape, 4096, gpus=2, tp=2, sp=True), 0, **kw).layers[1].saved_bytes
+    cp = rank_profile(shape, parallel_layout(shape, 4096, gpus=2, cp=2), 0, **kw).layers[1].saved_bytes
+    s, h, F, kv = 4096, 4096, 11008, 2 * 4096 * 4096 * 2  # kv: bf16 K and V of the whole sequence
+    # pure bf16: what TP leaves whole (NOTE [ ... per rank ] 2-3): the norms' fp32 upcasts 2 x 4sh,
+    # rsqrts 2 x 4s, normalised x and outputs (the projections' inputs) 4 x 2sh, cos and sin
+    replicated = 2 * 4 * s * h + 2 * 4 * s + 4 * 2 * s * h + 2 * 2 * s * 128
+    assert tp == replicated + (whole - replicated) // 2
+    # SP splits all but the projections' gathered inputs (2 x 2sh) and cos, sin
+    gathered = 2 * 2 * s * h + 2 * 2 * s * 128
+    assert sp == gathered + (whole - gathered) // 2
+    assert cp == (whole - kv - 2 * 2 * s * 128) // 2 + kv + 2 * 2 * (s // 2) * 128
+
+
+def test_cli_parallel_flags():
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    runner = CliRunner()
+    path = str(CONFIGS / "llama-2-7b.json")
+    res = runner.invoke(app, ["capacity", path, "--memory", "80GB", "--gpus", "8", "--tp", "2", "--sp",
+                              "--pp", "2", "--micro-batches", "4", "--virtual-stages", "2",
+                              "--inter-node-bandwidth", "25GB", "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    assert {k: got["parallel"][k] for k in ("tp", "sp", "pp", "dp", "micro_batches", "virtual_stages")} == {
+        "tp": 2, "sp": True, "pp": 2, "dp": 2, "micro_batches": 4, "virtual_stages": 2}
+    assert got["step"]["links"]["inter_node_bytes_per_s"] == 25e9 and got["step"]["bubble_fraction"] == 0.125
+    for args, field in ((["--gpus", "6", "--tp", "4"], "--gpus"), (["--gpus", "2", "--sp"], "--sp"),
+                        (["--gpus", "2", "--cp", "2", "--seq", "4097"], "--seq"),
+                        (["--gpus", "2", "--pp", "2", "--virtual-stages", "2", "--micro-batches", "3"],
+                         "--micro-batches"), (["--tp", "0"], "--tp")):
+        res = runner.invoke(app, ["capacity", path, "--memory", "80GB", *args])
+        assert res.exit_code == 2, (args, res.output)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {field}"), res.stderr
