@@ -88,6 +88,7 @@ __all__ = [
     "gpt_analytic_profile",
     "conv_analytic_profile",
     "gpt_block_saved_bytes",
+    "gpt_block_policy_bytes",
     "korthikanti_block_bytes",
     "moe_capacity",
 ]
@@ -181,6 +182,56 @@ def gpt_block_saved_bytes(cfg: Any, *, device: str = "cpu", precision: str | Non
     saved += 2 * e * E * cap * F  # expert hidden states
     saved += e * A * C + e * A + e * A * C  # gathered outputs, weights, weighted outputs
     return saved
+
+
+# NOTE [ Save policies of a GPT block from shapes ]
+# Under a save policy (memplan.profiler.policies, NOTE [ candidate save policies ]) the record of
+# stage i is what the recorded forward leaves besides a_i: the selective checkpoint's cache (the
+# outputs of every op it does not recompute, needed by the backward or not), plus checkpoint's
+# copy of the CPU random state, R = 5,056 bytes (the Mersenne Twister state of PyTorch's CPU
+# generator; on a GPU the copies are host memory, 0 device bytes). Per dense block with flash
+# attention, dropout 0, no early exit, in the model's dtype (e bytes, s the LayerNorm statistics'
+# as in NOTE [ What PyTorch saves in a GPT block ]), N = B T:
+#   none          R (only the input, which is a_{i-1}, is kept)
+#   matmuls       the four Linear outputs e (3ND + NC + NF + NC) and the attention kernel's output
+#                 and logsumexp e ND + 4 BHT (the kernel is kept with the matmuls, as torchtitan
+#                 does), + R (+ 24 on a GPU: the kernel's philox state, as in the base record)
+#   no_attention  everything but the kernel: the LayerNorms' outputs and statistics
+#                 2 (e NC + 2 s N), the Linear outputs e (3ND + NC + NF + NC), the first residual
+#                 sum e NC and GELU's output e NF, + R
+# Korthikanti et al. 2022 (Table 2) count s b h (34 + 5 a s / h) bytes per layer without
+# recompute, 34 s b h with selective recompute of the attention core and 2 s b h with full
+# recompute: selective recompute removes the T^2 term. Flash attention keeps no T^2 tensor in the
+# first place, so here `no_attention` frees nothing ('all' keeps 15 e NC + 4 s N + 4 BHT for
+# D = C, F = 4C, less than no_attention's 17 e NC + 4 s N + R): the profiler drops it as it saves
+# nothing. `none` is Table 2's full recompute, less the input the chain already counts.
+# Checked equal to the profiler's measurement of each policy on the CPU (fp32,
+# tests/profiler/test_policies.py); the math path, experts and autocast are not derived.
+CPU_RNG_STATE_BYTES = 5056
+
+
+def gpt_block_policy_bytes(cfg: Any, *, device: str = "cpu") -> dict[str, int]:
+    """Saved bytes of one dense GPT block (flash attention, dropout 0) under the save policies
+    'none', 'matmuls' and 'no_attention' (NOTE [ Save policies of a GPT block from shapes ]), by
+    name, in bytes. Raises ProfileError for the math path, experts or dropout."""
+    c = _config(cfg, _GPT_DEFAULTS)
+    kind = _device_kind(device)
+    _check_exactness(c)
+    if c["attention"] != "flash" or c["moe_experts"]:
+        raise ProfileError("attention, moe_experts: save policies are derived for flash attention "
+                           "and a dense MLP only; measure others (profile_chain(policies=True))")
+    B, T, C, H = c["batch_size"], c["block_size"], c["n_embd"], c["n_head"]
+    _, D, F = _widths(c)
+    N = B * T
+    e = _ELEMENT[c["dtype"]]
+    s = e if kind == "cpu" else 4
+    rng = CPU_RNG_STATE_BYTES if kind == "cpu" else 0
+    linears = e * (3 * N * D + N * C + N * F + N * C)
+    return {
+        "none": rng,
+        "matmuls": linears + e * N * D + 4 * B * H * T + rng + (24 if kind == "cuda" else 0),
+        "no_attention": 2 * (e * N * C + 2 * s * N) + linears + e * N * C + e * N * F + rng,
+    }
 
 
 def _policy(c: dict[str, Any], precision: str | None) -> tuple[str, str]:

@@ -94,8 +94,10 @@ def recorded(fn: Callable[..., Any], *args: Any, recompute: Sequence[str] = ()) 
 # 5. Some packets are recomputed in every candidate, because caching them is wrong or useless
 #    (FORCED): views (their outputs alias an input: nothing to free), in-place ops and the
 #    producers of tensors an in-place op later writes (a cached tensor that is mutated after
-#    caching cannot be handed back), and random ops (all of them recomputed, so that the replay
-#    restored by checkpoint's saved RNG state draws the same numbers in the same order).
+#    caching cannot be handed back), and random ops where the stage has more than one random
+#    packet (all of them recomputed, so that the replay, from checkpoint's saved RNG state, draws
+#    the same numbers in the same order; a single random packet, such as a fused attention kernel
+#    that may draw its dropout, is all cached or all replayed, which keeps the order either way).
 # 6. A selective checkpoint caches the output of every op it does not recompute, whether or not
 #    the backward needs it; so a candidate can keep more than 'all'. Candidates are measured
 #    (memplan.profiler.measure) and filtered by `select_policies`.
@@ -127,6 +129,7 @@ class OpRecord:
     new_bytes: int  # bytes of its outputs' storages that none of its inputs shares
     seconds: float  # wall seconds of the op in the trace (synchronised on a GPU)
     forced: bool  # recomputed in every candidate (NOTE [ candidate save policies ] rule 5)
+    seeded: bool = False  # it draws random numbers (torch.Tag.nondeterministic_seeded)
 
 
 class _Trace(TorchDispatchMode):
@@ -167,7 +170,7 @@ class _Trace(TorchDispatchMode):
             if k is not None:
                 self.ops[k].forced = True
         self.ops.append(OpRecord(op_name(func), new_bytes, seconds,
-                                 forced=bool(written) or aliasing or seeded))
+                                 forced=bool(written) or aliasing, seeded=seeded))
         return out
 
 
@@ -215,6 +218,9 @@ def candidate_policies(ops: list[OpRecord], names: Sequence[str] = BUILTIN_POLIC
         return []
     seen = list(dict.fromkeys(op.name for op in ops))
     forced = {op.name for op in ops if op.forced}
+    seeded = {op.name for op in ops if op.seeded}
+    if len(seeded) > 1:  # rule 5: random packets all recomputed, so their draws keep their order
+        forced |= seeded
     per_bytes: dict[str, int] = {}
     per_s: dict[str, float] = {}
     for op in ops:

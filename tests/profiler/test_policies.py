@@ -83,6 +83,7 @@ def _hf_chain(kind: str, attn: str, dropout: float):
             return out[0] if isinstance(out, tuple) else out
 
     stages = [Embed(cut[0]), *(Later(s) for s in cut[1:])]
+    stages[0].hf_config = model.config.to_dict()
     return stages, batch["input_ids"], BATCH * SEQ * HF["width"] * 4
 
 
@@ -260,3 +261,36 @@ def test_select_policies_keeps_what_frees_bytes_and_is_not_beaten():
                                  pol("c", 70, 10, 2.6), pol("d", 100, 0, 1.0),
                                  pol("e", 30, 20, 3.0)])
     assert [p.name for p in got] == ["a", "e"]
+
+
+def _measured(prof, i: int) -> dict[str, int]:
+    """Saved bytes of every candidate measured for stage i (1-based), kept or not."""
+    return {p["name"]: p["saved_bytes"] for p in prof.meta["stages"][i - 1]["policies_measured"]}
+
+
+def test_gpt_policy_bytes_from_shapes_equal_the_measured_ones():
+    from memplan.profiler.analytic import gpt_block_policy_bytes
+
+    cfg = gpt.GPTConfig(**GPT)  # flash attention, dropout 0
+    stages, idx = gpt.build_gpt(cfg)
+    names = ["none", "matmuls", "no_attention"]
+    prof = measure.profile_chain(stages, idx, repeats=1, warmup=0, timing="stage", policies=names)
+    derived = gpt_block_policy_bytes(cfg)
+    for i in (2, 3):
+        assert _measured(prof, i) == derived
+    # NOTE [ Save policies of a GPT block from shapes ]: with the flash kernel, recomputing the
+    # attention core frees nothing, so it is not offered
+    assert derived["no_attention"] > prof.layers[1].saved_bytes
+    assert prof.layers[1].policy_names == ["all", "none", "matmuls"]
+
+
+def test_llama_policy_bytes_from_shapes_equal_the_measured_ones():
+    from memplan.profiler.hf_config import decoder_shape, llama_layer_policy_bytes
+
+    stages, ids, _ = _hf_chain("llama", "sdpa", 0.0)
+    names = ["none", "matmuls", "no_attention"]
+    prof = measure.profile_chain(stages, ids, repeats=1, warmup=0, timing="stage", policies=names)
+    shape = decoder_shape(stages[0].hf_config)
+    derived = llama_layer_policy_bytes(shape, seq_len=SEQ, batch_size=BATCH)
+    for i in (2, 3):
+        assert _measured(prof, i) == derived
