@@ -196,8 +196,12 @@ def test_interleaved_in_flight_equals_a_simulation_of_the_schedule():
     """NOTE [ Interleaved 1F1B in flight ]: rank p holds min(2 (P - p - 1) + (v - 1) P + 1, M v)
     chunk-micro-batches (all M v when M = P), and the step is (M v + P - 1) chunk times: a bubble of
     (P - 1)/(v M), in an event simulation of Megatron-LM's interleaved order."""
-    from memplan.planner.pipeline_parallel import (bubble_fraction, in_flight_interleaved,
-                                                   interleaved_1f1b, simulate_interleaved)
+    from memplan.planner.pipeline_parallel import (
+        bubble_fraction,
+        in_flight_interleaved,
+        interleaved_1f1b,
+        simulate_interleaved,
+    )
 
     for P in range(2, 7):
         for v in (2, 3):
@@ -283,7 +287,7 @@ def test_sequence_and_context_parallel_shrink_the_activations():
     tp = rank_profile(shape, parallel_layout(shape, 4096, gpus=2, tp=2), 0, **kw).layers[1].saved_bytes
     sp = rank_profile(shape, parallel_layout(shape, 4096, gpus=2, tp=2, sp=True), 0, **kw).layers[1].saved_bytes
     cp = rank_profile(shape, parallel_layout(shape, 4096, gpus=2, cp=2), 0, **kw).layers[1].saved_bytes
-    s, h, F, kv = 4096, 4096, 11008, 2 * 4096 * 4096 * 2  # kv: bf16 K and V of the whole sequence
+    s, h, kv = 4096, 4096, 2 * 4096 * 4096 * 2  # kv: bf16 K and V of the whole sequence
     # pure bf16: what TP leaves whole (NOTE [ ... per rank ] 2-3): the norms' fp32 upcasts 2 x 4sh,
     # rsqrts 2 x 4s, normalised x and outputs (the projections' inputs) 4 x 2sh, cos and sin
     replicated = 2 * 4 * s * h + 2 * 4 * s + 4 * 2 * s * h + 2 * 2 * s * 128
