@@ -21,8 +21,13 @@ Contenders, each on its own copy of the same model (same weights), all in the us
   selective-checkpoint policy that saves matmul (mm, bmm, addmm) and attention outputs and
   recomputes the rest;
 - memplan@PEER: `memplan.auto_checkpoint(model, batch, budget=PEER's measured activation peak)`
-  (optimal), the plan installed in the model;
-- memplan frontier: optimal plans at a few budgets spread over memplan's frontier.
+  (optimal, whole blocks), the plan installed in the model;
+- memplan-sel@PEER: the same with save policies (`profile_model(..., policies=True)`: each block
+  may also be recorded keeping only its matmul outputs, without attention's core, or nothing;
+  docs/chain-model.md section 10.8), chosen per block with the checkpoints;
+- memplan-sel-c@PEER: the same on compiled blocks (`compile=True`: `torch.compile` per block, so
+  compile's fusion and memplan's placement add up);
+- memplan*-front-K: optimal plans at a few budgets spread over each variant's frontier.
 
 Peaks: activation bytes (the step's peak above the level before it, the batch included) by exact
 CPU accounting (`memplan.profiler.memory.measure_memory`), one step after a warm one, the same
@@ -386,28 +391,48 @@ def run_family(kind: str, args) -> dict:
     else:
         errors["compile"] = "not run (--no-compile)"
 
-    # memplan: one profile, a plan at each peer's measured peak and over its frontier
-    t0 = time.perf_counter()
-    probe = fresh()
-    prof = profile_model(probe, batch, repeats=args.repeats)
-    profile_s = time.perf_counter() - t0
-    front = memplan.frontier(prof, points=args.frontier_points)
+    # memplan: one profile per variant (whole blocks; with save policies; with save policies and
+    # compiled blocks), a plan at each peer's measured peak and over the variant's frontier
+    peer_names = [p for p in peers if p != "unplanned"]
+    variants = [("memplan", "memplan optimal, whole blocks", {})]
+    if not args.no_policies:
+        variants.append(("memplan-sel", "memplan optimal with save policies", {"policies": True}))
+        if not args.no_compile:
+            variants.append(("memplan-sel-c", "memplan optimal with save policies, compiled blocks",
+                             {"policies": True, "compile": True}))
     mine: dict[str, dict] = {}
-    targets = [(f"memplan@{p}", peers[p]["peak_bytes"]) for p in peers if p != "unplanned"]
-    targets += [(f"memplan-front-{i}", pt.peak_bytes) for i, pt in enumerate(front.points)]
-    for name, budget in targets:
-        m = fresh()
-        try:
-            plan = memplan.auto_checkpoint(m, batch, budget=int(budget), profile=prof)
-        except ValueError as err:
-            mine[name] = {"budget_bytes": int(budget), "feasible": False, "message": str(err)[:300]}
-            log.info("%s %-14s budget %10d: infeasible", kind, name, budget)
-            continue
-        add(name, f"memplan optimal, budget {int(budget)} bytes", m)
-        if name in peers:
-            peers[name].update(budget_bytes=int(budget), predicted_peak_bytes=plan.predicted.peak_bytes,
-                               predicted_overhead=plan.predicted.overhead)
-    del probe
+    profile_s: dict[str, float] = {}
+    fronts: dict[str, list] = {}
+    for prefix, how, kw in variants:
+        torch._dynamo.reset()
+        t0 = time.perf_counter()
+        probe = fresh()
+        prof = profile_model(probe, batch, repeats=args.repeats, **kw)
+        profile_s[prefix] = round(time.perf_counter() - t0, 2)
+        del probe
+        front = memplan.frontier(prof, points=args.frontier_points)
+        fronts[prefix] = [{"peak_bytes": p.peak_bytes, "time_s": p.time_s, "overhead": p.overhead,
+                           "policies": p.policies} for p in front.points]
+        targets = [(f"{prefix}@{p}", peers[p]["peak_bytes"]) for p in peer_names]
+        targets += [(f"{prefix}-front-{i}", pt.peak_bytes) for i, pt in enumerate(front.points)]
+        for name, budget in targets:
+            m = fresh()
+            try:
+                plan = memplan.auto_checkpoint(m, batch, budget=int(budget), profile=prof,
+                                               compile=kw.get("compile", False))
+            except ValueError as err:
+                mine[name] = {"budget_bytes": int(budget), "feasible": False, "message": str(err)[:300]}
+                log.info("%s %-14s budget %10d: infeasible", kind, name, budget)
+                continue
+            counts: dict[str, int] = {}
+            for pol in plan.stage_policies.values():
+                counts[pol] = counts.get(pol, 0) + 1
+            add(name, f"{how}, budget {int(budget)} bytes", m)
+            if name in peers:
+                peers[name].update(budget_bytes=int(budget),
+                                   predicted_peak_bytes=plan.predicted.peak_bytes,
+                                   predicted_overhead=plan.predicted.overhead,
+                                   recomputed=plan.recomputed, policies=counts)
 
     times = interleaved(steps, args.rounds)
     for name, rec in peers.items():
@@ -418,11 +443,8 @@ def run_family(kind: str, args) -> dict:
                    time_ratio_ci95=[lo, hi],
                    time_ratio_of_mins=min(times[name]) / min(times["unplanned"]), step_s_median=statistics.median(times[name]),
                    step_s_min=min(times[name]))
-    return {"kind": kind, "peers": peers, "infeasible": mine, "errors": errors, "profile_s": round(profile_s, 2),
-            "frontier": [{"peak_bytes": p.peak_bytes, "time_s": p.time_s, "overhead": p.overhead}
-                         for p in front.points],
-            "store_all_predicted_peak_bytes": front.store_all_peak_bytes,
-            "least_peak_bytes": front.least_peak_bytes}
+    return {"kind": kind, "peers": peers, "infeasible": mine, "errors": errors, "profile_s": profile_s,
+            "frontiers": fronts}
 
 
 def table(rec: dict) -> str:
@@ -431,9 +453,11 @@ def table(rec: dict) -> str:
             "min step / unplanned's min step | max |grad - unplanned grad|"]
     for name, r in rec["peers"].items():
         lo, hi = r["time_ratio_ci95"]
+        pols = ", ".join(f"{k} x{v}" for k, v in r.get("policies", {}).items())
         rows.append(f"  {name:<22} | {r['peak_bytes'] / 2**20:8.1f} | {r['peak_ratio']:.3f} | "
                     f"{r['time_ratio_median']:.3f} [{lo:.3f}, {hi:.3f}] | {r['time_ratio_min']:.3f} | "
-                    f"{r['time_ratio_of_mins']:.3f} | {r['max_grad_diff']:.2g}")
+                    f"{r['time_ratio_of_mins']:.3f} | {r['max_grad_diff']:.2g}"
+                    + (f" | {pols}" if pols else ""))
     for name, r in rec["infeasible"].items():
         rows.append(f"  {name:<22} | infeasible at {r['budget_bytes'] / 2**20:.1f} MiB")
     for name, why in rec["errors"].items():
@@ -454,7 +478,10 @@ def main(argv=None) -> int:
     ap.add_argument("--frontier-points", type=int, default=3,
                     help="memplan.frontier(points=): about this many, plus the points at the "
                     "baselines' peaks, which it keeps")
-    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="skip the torch.compile peers and memplan's compiled blocks")
+    ap.add_argument("--no-policies", action="store_true",
+                    help="memplan plans whole blocks only (no save policies)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the comparison uses 1)")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
