@@ -29,11 +29,13 @@ log = logging.getLogger(__name__)
 
 # NOTE [ Planning processes ]
 # A thread cannot be stopped, so a plan whose estimated work (NOTE [ work estimate ] in
-# planner/request.py) is above MEMPLAN_PLAN_PROCESS_MIN_STEPS runs in a child process instead:
+# planner/request.py) is above MEMPLAN_PLAN_PROCESS_MIN_STEPS, a capacity question and a fit run
+# in a child process instead (NOTE [ Plans in the API process ] in service/routers/plans.py):
 # 1. The children are fresh interpreters (`python -m memplan.service.compute_child`), never forks
 #    of the API (its threads, locks and sockets), started lazily, at most `size` of them, each
-#    reused for one task after another: the start (imports, the compiled kernel) costs about a
-#    second, a task in a started child a few milliseconds of pickling.
+#    reused for one task after another: the start (imports, the compiled kernel) costs seconds
+#    (5-6 on the loaded 2-core machine), a task in a started child the pickling of its request and
+#    answer (8 ms for a plan of 100 stages there).
 # 2. A child dies with the API: PR_SET_PDEATHSIG fires when the *thread* that started it ends, so
 #    children are started by the event loop's thread (never a pool thread, which ends when idle);
 #    the child checks its parent right after setting it, and exits when the socket closes.
@@ -132,7 +134,9 @@ class ComputePool:
         try:
             child = self._take()
             if not child.ready:
-                await self._start(child, disconnected)
+                starting, child = child, None  # _start keeps it, or kills it, whatever happens
+                await self._start(starting, disconnected)
+                child = starting
             await run_in_threadpool(child.conn.send, (fn, args))
             try:
                 await self._wait(self._readable(child), time.monotonic() + timeout_s, disconnected)
@@ -181,20 +185,35 @@ class ComputePool:
         return child
 
     async def _start(self, child: _Child, disconnected: Callable[[], Awaitable[bool]] | None) -> None:
-        """Wait for `child`'s ready message; 503 when it dies or does not start in time."""
+        """Wait for `child`'s ready message. A 503 when it dies or does not start in time (it is
+        killed); when the client leaves first (or the request is cancelled), it goes back to the
+        pool still starting, for the next request."""
         try:
             await self._wait(self._readable(child), time.monotonic() + START_TIMEOUT_S, disconnected)
-            kind, _ = await run_in_threadpool(child.conn.recv)
-            if kind != "ready":
-                raise EOFError(kind)
         except (TimeoutError, EOFError, OSError):
-            await self._kill(child)
-            raise ProblemError(
-                503, f"the planning process did not start ({_signal_name(child.proc.returncode)}; "
-                "the server's log has its output); try again later",
-                kind="unavailable", headers={"Retry-After": "5"},
-            ) from None
-        child.ready = True
+            pass
+        except BaseException:
+            self._idle.append(child)
+            raise
+        else:
+            try:
+                kind, _ = await run_in_threadpool(child.conn.recv)
+            except (EOFError, OSError):
+                kind = "closed"
+            except BaseException:
+                await asyncio.shield(self._kill(child))
+                raise
+            if kind == "ready":
+                child.ready = True
+                return
+        await self._kill(child)
+        log.error("planning process %d did not start (%s)", child.pid,
+                  _signal_name(child.proc.returncode))
+        raise ProblemError(
+            503, f"the planning process did not start ({_signal_name(child.proc.returncode)}; "
+            "the server's log has its output); try again later",
+            kind="unavailable", headers={"Retry-After": "5"},
+        )
 
     def _readable(self, child: _Child) -> asyncio.Future:
         """A future done when the child's socket has a message, or has closed."""
@@ -241,7 +260,11 @@ class ComputePool:
                 await asyncio.sleep(0.01)
             if child.alive():
                 child.proc.kill()
+        deadline = time.monotonic() + 10.0
         while child.alive():  # reaped by poll(); a SIGKILL takes effect in milliseconds
+            if time.monotonic() > deadline:  # stuck in the kernel: the next poll() reaps it
+                log.error("planning process %d has not died 10 s after SIGKILL", child.pid)
+                break
             await asyncio.sleep(0.005)
 
     async def _replace(self, child: _Child, why: str) -> None:
