@@ -160,3 +160,32 @@ def test_the_fake_run_keeps_a_timeline_through_the_api(client):
     href = next(a["href"] for a in job["artifacts"] if a["name"] == "timeline.json")
     tl = json.loads(client.get(href).content)
     assert tl["format"] == "memplan-timeline/1" and len(tl["measured_bytes"]) == len(tl["ops"])
+
+
+@pytest.mark.gpu
+def test_a_cuda_run_keeps_its_allocator_snapshot(tmp_path):
+    """On CUDA the run keeps the measured step's allocator history for PyTorch's memory viewer,
+    beside the timeline; the snapshot downloads as bytes and unpickles to a memory_viz snapshot."""
+    import pickle
+
+    from memplan.planner.timeline import PlanTimeline
+
+    srv = Server(tmp_path / "svc", env={"MEMPLAN_RUN_JOB": "memplan.service.jobs.kinds:run_job",
+                                        "MEMPLAN_DEVICE": "cuda"}).start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            r = c.post("/v1/runs", json={"model": "gpt", "config": {**TINY, "n_embd": 64},
+                                         "steps": 2, "strategy": "sqrt", "device": "cuda"})
+            assert r.status_code == 202, r.text
+            job = wait_finished(c, r.headers["location"], timeout_s=300, every_s=0.5)
+            assert job["state"] == "succeeded", job["error"]
+            arts = {a["name"]: a for a in job["artifacts"]}
+            snap = c.get(arts["snapshot.pickle"]["href"])
+            assert snap.status_code == 200 and snap.headers["content-type"] == "application/octet-stream"
+            data = pickle.loads(snap.content)
+            assert {"segments", "device_traces"} <= set(data) and any(data["device_traces"])
+            tl = PlanTimeline.model_validate_json(c.get(arts["timeline.json"]["href"]).content)
+            assert tl.measured_device.startswith("cuda") and tl.snapshot == "snapshot.pickle"
+            assert max(tl.measured_bytes) == pytest.approx(job["result"]["measured_peak_bytes"], rel=0.01)
+    finally:
+        srv.stop()
