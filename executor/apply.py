@@ -475,8 +475,8 @@ def profile_model(
             tap.remove()  # its hooks would keep (and free mid-measurement) each block's output
             tap.reset()
             for j in range(n):
-                iso.append(_block_policies(blist[j], calls[j], policy_names, dev, repeats, warmup)
-                           if policy_names else {})
+                iso.append(_block_policies(blist[j], calls[j], policy_names, dev, repeats, warmup,
+                                           compile=compile) if policy_names else {})
             calls = []
     finally:
         tap.remove()
@@ -590,39 +590,46 @@ def _policy_names(policies: bool | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(policies))
 
 
-def _block_fn(block: nn.Module, call: tuple) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
+def _block_fn(block: nn.Module, call: tuple, forward: Callable[..., Any] | None = None
+              ) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
     """(the block's input hidden states, h -> the block's output hidden states with its other
-    arguments as in `call`)."""
+    arguments as in `call`), through `forward(block, *args, **kwargs)` (default: calling the
+    block)."""
     hidden, args, kwargs = call
     _, where = _hidden_in(args, kwargs)
 
     def fn(h: torch.Tensor) -> torch.Tensor:
         a, kw = _with_hidden(args, kwargs, where, h)
-        return _hidden_of(block(*a, **kw))
+        return _hidden_of(block(*a, **kw) if forward is None else forward(block, *a, **kw))
     return hidden, fn
 
 
 def _block_policies(block: nn.Module, call: tuple, names: list[str], dev: torch.device,
-                    repeats: int, warmup: int) -> dict[str, dict[str, Any]]:
+                    repeats: int, warmup: int, *, compile: bool = False) -> dict[str, dict[str, Any]]:
     """'all' and each candidate policy of `block` measured alone (NOTE [ Save policies of
-    installed blocks ] rule 2): name -> saved/forward_temp/backward_temp bytes, forward/backward
+    installed blocks ] rule 2), compiled as the installation runs it with `compile` (NOTE
+    [ Compiled blocks ]): name -> saved/forward_temp/backward_temp bytes, forward/backward
     seconds and its recompute list."""
     from memplan.profiler.memory import measure_memory
     from memplan.profiler.policies import recorded
 
     hidden, fn = _block_fn(block, call)
+    _, eager = _block_fn(block, call, type(block).forward)  # traced op by op: not compiled
     rg = hidden.is_floating_point()
     try:
         from memplan.profiler.policies import candidate_policies, trace_ops
 
-        fn(hidden.detach().requires_grad_(rg))  # one-off initialisations out of the trace
-        cands = candidate_policies(trace_ops(fn, hidden.detach().requires_grad_(rg)), names)
+        eager(hidden.detach().requires_grad_(rg))  # one-off initialisations out of the trace
+        cands = candidate_policies(trace_ops(eager, hidden.detach().requires_grad_(rg)), names)
     except ImportError:
         cands = [("none", ["*"])] if "none" in names else []
     out: dict[str, dict[str, Any]] = {}
     for name, rec in [("all", [])] + cands:
-        def run(x, rec=rec):
-            return recorded(fn, x, recompute=rec)
+        if compile and rec:
+            _, run = _block_fn(block, call, _compiled(type(block), rec))
+        else:
+            def run(x, rec=rec):
+                return recorded(fn, x, recompute=rec)
         try:
             x = hidden.detach().requires_grad_(rg)
             gc.collect()  # a previous pass's reference cycles (checkpoint's frames) freed first
@@ -1221,7 +1228,7 @@ def _model_stages(model: nn.Module, example_batch: Any, blocks, loss_fn) -> Prof
 
 
 def _install(model: nn.Module, plan: Plan, profile: Profile, blocks, *,
-             policies_from: Profile | None = None, compile: bool = False) -> None:
+             compile: bool = False) -> None:
     from memplan.executor.run import policy_recompute
 
     if model in _INSTALLED:
@@ -1232,7 +1239,7 @@ def _install(model: nn.Module, plan: Plan, profile: Profile, blocks, *,
         raise InstallError(f"plan.n_stages: the plan is for {plan.n_stages} stages, the model has "
                            f"{profile.n_stages}; plan this model")
     try:
-        policies = policy_recompute(plan, policies_from or profile)
+        policies = policy_recompute(plan, profile)
     except ExecutorError as err:
         raise InstallError(str(err)) from None
     _INSTALLED[model] = _Installation(model, blist, has_prefix, plan, profile, policies=policies,
@@ -1273,7 +1280,8 @@ def install_plan(model: nn.Module, plan: Plan | dict | str, example_batch: Any, 
         if prof.fingerprint() != layout.fingerprint():
             raise InstallError(f"profile: its fingerprint {prof.fingerprint()} is not this model's "
                                f"{layout.fingerprint()}; give the profile the plan was made from")
-    _install(model, plan, layout, blocks, policies_from=prof, compile=compile)
+    # the full profile, when given, is the installation's: measure_step's store-all comparison
+    _install(model, plan, prof or layout, blocks, compile=compile)
     return plan
 
 

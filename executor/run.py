@@ -52,6 +52,10 @@ __all__ = ["run_plan", "check_plan", "policy_recompute", "fixed_bytes_of", "make
 
 log = logging.getLogger(__name__)
 
+# largest relative gradient difference accepted from compiled stages (compile=True): inductor's
+# fused fp32 kernels sum in another order (measured 1.1e-6 on a tiny GPT on the CPU)
+COMPILED_TOLERANCE = 1e-4
+
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -389,6 +393,8 @@ def run_plan(
             on_step(step, steps)
 
     tol = tolerance_for(dtype_name)
+    if compile:  # compiled kernels fuse and reorder float sums: not bitwise, a few ulps apart
+        tol = max(tol, COMPILED_TOLERANCE)
     if plan.checkpoint_dtypes and isinstance(plan.options.get("tolerance"), (int, float)):
         # lossy checkpoint storage: the plan was made to stay within this gradient error
         tol = max(tol, float(plan.options["tolerance"]))

@@ -300,3 +300,70 @@ def test_a_policy_on_the_prefix_cannot_be_installed(hf_profiled):
     p = _under(plan, odd, {1: "none"})
     with pytest.raises(InstallError, match=r"stage_policies\.1: stage 1 is the model's prefix"):
         install_plan(model, p, batch, profile=odd)
+
+
+# ---------------------------------------------------------------------------------------------
+# compiled stages (torch.compile per stage; compiling is slow on a small CPU: two tiny tests)
+
+
+@pytest.mark.slow
+def test_compiled_stages_run_a_plan_under_policies():
+    from memplan.executor.run import COMPILED_TOLERANCE
+
+    torch.set_num_threads(1)
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**{**TINY, "n_layer": 2}, dropout=0.0,
+                                              attention="math"))
+    prof = _profile_with_policies(stages, idx)
+    p = _under(_plans(prof)["optimal"], prof, {2: "none", 3: "matmuls"})
+    # compiled memory is not the eager profile's: the peak is not judged here
+    r = run_plan(stages, idx, p, profile=prof, steps=2, compile=True, peak_tolerance_pct=None)
+    assert r.status == "ok", r.message
+    assert r.grad_max_rel_diff <= COMPILED_TOLERANCE and r.tolerance == COMPILED_TOLERANCE
+
+
+@pytest.mark.slow
+def test_auto_checkpoint_compiled_blocks_plans_on_compiled_costs():
+    from memplan.executor.apply import (
+        auto_checkpoint,
+        install_plan,
+        measure_step,
+        profile_model,
+        remove_checkpoint,
+    )
+    from memplan.executor.run import COMPILED_TOLERANCE
+
+    from tests.hf_tiny import lm_batch, tiny_lm
+
+    torch.set_num_threads(1)
+    model = tiny_lm("gpt2", "sdpa", n_layer=2, width=64, dropout=0.0).train()
+    model.config.use_cache = False
+    batch = lm_batch(4, 32, seed=100)
+    ref = copy.deepcopy(model)
+    _, want = _installed_step(ref, batch)
+    prof = profile_model(model, batch, repeats=1, warmup=1, policies=["none", "matmuls"],
+                         compile=True)
+    assert prof.meta["compiled"] and all("forward" not in b.__dict__ for b in model.transformer.h)
+    eager = profile_model(copy.deepcopy(model), batch, repeats=1, warmup=0)
+    # compile's fusion: the compiled blocks keep fewer bytes than the eager ones
+    assert prof.layers[1].saved_bytes < eager.layers[1].saved_bytes
+    store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
+    bare = prof.with_policies({})
+    plans = [_under(planner.plan(bare, strategy="optimal", budget_bytes=int(0.7 * store)), prof,
+                    {2: "matmuls", 3: "none"})]
+    for p in plans:
+        install_plan(model, p, batch, profile=prof, compile=True)
+        try:
+            m, got = _installed_step(model, batch)
+        finally:
+            remove_checkpoint(model)
+        rel = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+                  for a, b in zip(got, want, strict=True))
+        assert rel <= COMPILED_TOLERANCE
+        assert abs(m.peak_error_pct) <= 0.1, m.message
+    p = auto_checkpoint(model, batch, budget=int(0.7 * store), profile=prof, compile=True)
+    try:
+        m = measure_step(model, batch, time_steps=0)
+    finally:
+        remove_checkpoint(model)
+    assert m.measured_peak_bytes <= int(0.7 * store) and abs(m.peak_error_pct) <= 0.1, m.message
+    assert all("forward" not in b.__dict__ for b in model.transformer.h)  # removed exactly
