@@ -337,7 +337,8 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
     per_rank, step = {}, {}
     for p in ask.ranks():
         pl = ask.plan(B, T, n, pol, "optimal", p)
-        meta = ask.profile(B, T, pol, n, p).meta["parallel"]
+        prof_p = ask.profile(B, T, pol, n, p)
+        meta = prof_p.meta["parallel"]
         per_rank[str(p)] = {"in_flight": meta["in_flight"], "chain_layers": meta["chain_layers"],
                             "rank_layers": meta["rank_layers"], "feasible": pl.feasible,
                             "total_peak_bytes": pl.predicted.total_peak_bytes if pl.feasible and pl.predicted
@@ -347,7 +348,9 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
                            chunk_time_s=pl.predicted.time_s, chunk_layers=meta["chain_layers"],
                            rank_layers=meta["rank_layers"],
                            recompute_fraction=len(pl.recomputed) / max(1, pl.n_stages),
-                           rank_params=ask.profile(B, T, pol, n, p).meta["fixed"]["n_params"])
+                           rank_params=prof_p.meta["fixed"]["n_params"],
+                           ends_time_s=sum(ly.forward_s + ly.backward_s for ly in prof_p.layers
+                                           if ly.kind in ("embed", "head")))
             if not step or st["step_time_s"] > step["step_time_s"]:
                 step = {**st, "pipeline_rank": p}
     rows = []

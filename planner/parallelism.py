@@ -7,7 +7,7 @@ interleaved schedule runs a multiple of pp micro-batches. `rank_profile` gives t
 (`memplan.profiler.hf_config.hf_analytic_profile`, one tensor/context-parallel rank's bytes) of the
 layers one pipeline rank runs, with the micro-batches it holds in flight and the communication
 buffers it keeps, so that the optimal plan of that profile, its model states sharded by ZeRO over
-dp, is what that GPU holds.
+dp x cp, is what that GPU holds.
 
 NOTE [ A pipeline rank as one chain ]
 1. Under 1F1B pipeline rank p holds min(P - p, M) micro-batches of its layers' activations between
@@ -15,7 +15,8 @@ NOTE [ A pipeline rank as one chain ]
    min(W + 1, M v) chunk-micro-batches of one chunk's layers (NOTE [ Interleaved 1F1B in flight ]).
 2. The rank's chain is one micro-batch through its layers (one chunk's, the largest, when
    interleaved: the embedding on rank 0 and the head on rank P - 1 included), with every saved and
-   output byte and the input times k, the micro-batches in flight; its transients once (one op
+   output byte and the input times k, the micro-batches in flight (interleaved: the embedding's and
+   the head's too, though each lives in one chunk: an upper bound); its transients once (one op
    runs at a time). Store-all, its peak is exactly k micro-batches' activations plus one op's
    transients. A plan that recomputes keeps k micro-batches' checkpoints but recomputes one
    micro-batch's segment at a time, so the scaled chain overstates a recompute's working set

@@ -7,7 +7,8 @@ activations' element bytes; t = tp, q = cp, d = dp; ring collectives: an all-red
 2 (g - 1)/g S from each of g ranks, an all-gather or a reduce-scatter (g - 1)/g S; Thakur et al.
 2005, NCCL's bus-bandwidth convention):
 1. Compute: the optimal plan's predicted time of one micro-batch through the rank's chain (forward,
-   backward at twice the forward, recompute included; FLOPs at `utilization` x the peak).
+   backward at twice the forward, recompute included; FLOPs at `utilization` x the peak). The
+   embedding and head (on the end ranks) run once a micro-batch, not once a chunk.
 2. Tensor parallelism: per layer and micro-batch two all-reduces of c N C bytes in the forward
    (attention's and the MLP's row-parallel outputs) and two in the backward (the column-parallel
    inputs' gradients); under SP an all-gather and a reduce-scatter in place of each, the same
@@ -87,11 +88,12 @@ def links_for(device: str | None, *, intra_node: float | None = None, inter_node
 
 def step_time(shape, lay, links: Links, *, B: int, T: int, precision: str, zero_stage: int,
               chunk_time_s: float, chunk_layers: int, rank_layers: int, recompute_fraction: float,
-              rank_params: int) -> dict:
+              rank_params: int, ends_time_s: float = 0.0) -> dict:
     """The step time of one GPU (NOTE [ Step time under parallelism ]) for decoder `shape` under
     layout `lay` at `B` x `T` tokens a micro-batch: `chunk_time_s` the plan's time of one
     micro-batch through the rank's chain of `chunk_layers` layers (of `rank_layers` in all),
-    `recompute_fraction` of its layers recomputed, `rank_params` its parameters (elements).
+    `recompute_fraction` of its layers recomputed, `rank_params` its parameters (elements),
+    `ends_time_s` the part of `chunk_time_s` the embedding and head take (once a micro-batch).
     Returns seconds (compute, each kind of communication, the step) and bytes sent per GPU a step."""
     from memplan.planner.precision import get_policy
 
@@ -124,7 +126,7 @@ def step_time(shape, lay, links: Links, *, B: int, T: int, precision: str, zero_
     chunk_pp_s = pp_chunk / intra(lay.model_parallel)
     dp_s = dp_bytes / intra(lay.gpus) if d > 1 else 0.0
     out = {
-        "compute_s": chunks * chunk_time_s,
+        "compute_s": chunks * chunk_time_s - (chunks - chunks / v) * ends_time_s,
         "tp_comm_s": chunks * chunk_tp_s, "cp_comm_s": chunks * chunk_cp_s, "pp_comm_s": chunks * chunk_pp_s,
         "dp_comm_s": dp_s,
         "bubble_fraction": (P - 1) / (v * M),
