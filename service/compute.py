@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 #    answer (8 ms for a plan of 100 stages there).
 # 2. A child dies with the API: PR_SET_PDEATHSIG fires when the *thread* that started it ends, so
 #    children are started by the event loop's thread (never a pool thread, which ends when idle);
-#    the child checks its parent right after setting it, and exits when the socket closes.
+#    the child checks its parent right after setting it, and exits when the socket closes. (An
+#    event loop run in a short-lived thread, as TestClient's without `with`, loses its children
+#    with that thread: the next task finds its child dead and starts another.)
 # 3. At the time limit (counted from the task's hand-over to a started child, not the child's
 #    start, which START_TIMEOUT_S bounds) or when the client disconnects (polled every POLL_S
 #    with `request.is_disconnected()`), the child is sent SIGTERM, SIGKILL after the grace, and
