@@ -58,7 +58,7 @@ class CapacityRequest(BaseModel):
                                description="a preset (h100, a100-80gb, ...): memory and peak FLOP/s")
     precision: str = Field(default="bf16-mixed", description="fp32, bf16-mixed, fp16-mixed or bf16")
     seq_len: int = Field(default=4096, ge=1, le=MAX_SEQ_LEN, description="tokens per sequence")
-    micro_batch: int = Field(default=1, ge=1, le=MAX_MICRO_BATCH, description="sequences per GPU per step")
+    micro_batch: int = Field(default=1, ge=1, le=MAX_MICRO_BATCH, description="sequences a micro-batch (per data-parallel replica)")
     n_gpus: int = Field(default=1, ge=1, le=MAX_GPUS, description="all GPUs: data parallel x tp x cp x pp")
     zero_stage: int = Field(default=0, ge=0, le=3, description="ZeRO stage 0-3 (3: FSDP full shard) "
                             "over the data-parallel replicas")

@@ -99,9 +99,9 @@ def parallel_layout(shape, seq_len: int, *, gpus: int, tp: int = 1, sp: bool = F
     from memplan.profiler.schema import ProfileError
 
     for name, v in (("n_gpus", gpus), ("tp", tp), ("cp", cp), ("pp", pp), ("virtual_stages", virtual_stages)):
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= (1 << 16 if name == "n_gpus"
-                                                                          else MAX_PARALLEL):
-            raise PlanError(f"{name}: expected an integer from 1 to {MAX_PARALLEL}, got {v!r}")
+        top = 1 << 16 if name == "n_gpus" else MAX_PARALLEL
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
+            raise PlanError(f"{name}: expected an integer from 1 to {top}, got {v!r}")
     if not isinstance(sp, bool):
         raise PlanError(f"sp: expected true or false, got {sp!r}")
     if sp and tp == 1:
