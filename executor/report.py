@@ -86,6 +86,10 @@ class RunReport(BaseModel):
     dtype: str = Field(description="compute dtype: float32, or the autocast dtype")
     optimizer: str
     features: list[str] = Field(default_factory=list)
+    stage_policies: dict[int, str] = Field(
+        default_factory=dict, description="stage i -> the save policy its R ops ran under "
+        "(the plan's; docs/chain-model.md section 10.8); stages not listed: 'all'")
+    compiled: bool = Field(default=False, description="each stage ran through torch.compile")
 
     predicted_peak_bytes: int | None = Field(default=None, ge=0)
     measured_peak_bytes: int = Field(ge=0, description="largest bytes allocated above fixed memory")

@@ -441,6 +441,8 @@ def run_plan(
         dtype=dtype_name,
         optimizer=optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "custom"),
         features=list(features),
+        stage_policies=dict(plan.stage_policies),
+        compiled=bool(compile),
         predicted_peak_bytes=pred.peak_bytes if pred else None,
         measured_peak_bytes=measured_peak,
         peak_error_pct=error_pct(measured_peak, pred.peak_bytes if pred else None),

@@ -129,6 +129,7 @@ def test_every_policy_keeps_gradients_bitwise_and_its_predicted_peak(gpt_profile
         p = _under(plan, prof, {i: policy for i in blocks})
         r = run_plan(stages, idx, p, profile=prof, steps=3)
         assert r.status == "ok", (name, r.message)
+        assert r.stage_policies == p.stage_policies and not r.compiled
         assert r.grad_max_abs_diff == 0 and r.param_max_abs_diff == 0, (name, r.message)
         assert "bitwise" in r.message
         # NOTE [ a one-off block ] (tests/conftest.py): one activation of slack at most
@@ -319,6 +320,7 @@ def test_compiled_stages_run_a_plan_under_policies():
     r = run_plan(stages, idx, p, profile=prof, steps=2, compile=True, peak_tolerance_pct=None)
     assert r.status == "ok", r.message
     assert r.grad_max_rel_diff <= COMPILED_TOLERANCE and r.tolerance == COMPILED_TOLERANCE
+    assert r.compiled and r.stage_policies == {2: "none", 3: "matmuls"}
 
 
 @pytest.mark.slow
