@@ -244,3 +244,14 @@ def test_waiting_for_the_process_ends_when_the_client_leaves(pool_server):
     r = httpx.post(pool_server.url + "/v1/plans", json=SMALL[0][1], timeout=120)
     assert r.status_code == 200
     assert len(_children(pool_server)) == 1
+
+
+def test_the_memory_limit_setting_leaves_room_to_start():
+    from memplan.service.settings import Settings
+    from pydantic import ValidationError
+
+    assert Settings(plan_process_max_bytes=0).plan_process_max_bytes == 0  # no limit
+    assert Settings(plan_process_max_bytes=1 << 30).plan_process_max_bytes == 1 << 30
+    with pytest.raises(ValidationError, match="at least 1 GiB") as err:
+        Settings(plan_process_max_bytes=(1 << 30) - 1)
+    assert err.value.errors()[0]["loc"] == ("plan_process_max_bytes",)
