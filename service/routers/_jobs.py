@@ -14,8 +14,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from memplan.service.jobs.artifacts import check_name
 from memplan.service.jobs.admission import AdmissionError, admit
+from memplan.service.jobs.artifacts import check_name
 from memplan.service.jobs.store import (
     TERMINAL_STATES,
     IdempotencyConflict,
