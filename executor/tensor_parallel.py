@@ -171,6 +171,7 @@ def _run_case(rank: int, spec: TPSpec, case, mesh) -> list[dict]:
         rows.append({
             "layer": i, "saved_bytes": sum(n for ptr, n in saved.items() if ptr not in excluded),
             "output_bytes": sum(_storages([y_loc]).values()), "saved_tensors": n_saved,
+            "param_bytes": sum(_storages([*layer.parameters()]).values()),
             "output_shape": list(y_loc.shape),
             "output_max_abs_diff": float((y_loc.detach().float() - y_want.detach().float()).abs().max()),
             "input_grad_max_abs_diff": float((x_in.grad.float() - gx_want.float()).abs().max()),
@@ -199,10 +200,9 @@ def _rank_main(rank: int, spec_d: dict, out_dir: str) -> None:
 def measure_tensor_parallel(spec: TPSpec, *, timeout_s: float = 180.0) -> dict[str, list[list[dict]]]:
     """Run each decoder layer of `spec.config`'s model split over `spec.tp` gloo ranks
     (NOTE [ The Megatron split with torch's TP API ]) under each of `spec.cases` and return, by
-    `case_name`, per rank, per layer: the saved
-    bytes and output bytes (exact, bytes), the number of saved tensors, the output's shape, and
-    the largest absolute differences of the output and the input gradient from the unsplit
-    layer's. Raises `ExecutorError` naming the field on bad input or when a rank fails."""
+    `case_name`, per rank, per layer: the saved bytes, output bytes and the rank's parameter
+    bytes (its shards; exact, bytes), the number of saved tensors, the output's shape, and the
+    largest absolute differences of the output and the input gradient from the unsplit layer's. Raises `ExecutorError` naming the field on bad input or when a rank fails."""
     import torch.multiprocessing as mp
     from memplan.profiler.hf_config import decoder_shape
 

@@ -39,6 +39,8 @@ def test_per_rank_bytes_equal_the_analytic_split():
         for rank in ranks:
             assert [(r["saved_bytes"], r["output_bytes"]) for r in rank] == [
                 (ly.saved_bytes, ly.output_bytes) for ly in blocks], case
+            # the rank's shards of the weights: half of each projection, the norms whole
+            assert [r["param_bytes"] for r in rank] == [ly.param_bytes for ly in blocks], case
             # the split keeps less than the whole layer, and SP halves the output (T / 2 tokens)
             assert all(r["saved_bytes"] < whole.layers[1].saved_bytes for r in rank), case
             assert all(r["output_bytes"] == whole.layers[1].output_bytes // (2 if sp else 1) for r in rank)
