@@ -37,6 +37,7 @@ class HFRun:
     predicted_step_s: float
     measured_step_s: float
     recomputed: list[int]  # stages run forward more than once
+    stage_policies: dict[int, str]  # blocks recorded under a save policy (others: 'all')
     losses: list[float]  # the plain loop's loss per step
     message: str
 
@@ -76,10 +77,13 @@ def hf_model_from_config(config: str | Path | dict) -> torch.nn.Module:
 
 def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 64,
                   budget: int | str | None = None, fraction: float | None = None,
-                  strategy: str = "optimal", steps: int = 3, seed: int = 0) -> HFRun:
+                  strategy: str = "optimal", steps: int = 3, seed: int = 0,
+                  policies: bool = False, compile: bool = False) -> HFRun:
     """Build the model, `auto_checkpoint` it on a random batch (for `budget` bytes, or `fraction` of
     its store-all activation peak), run `steps` AdamW steps of a plain loop on fresh batches, and
-    measure one more step against the prediction (`measure_step`).
+    measure one more step against the prediction (`measure_step`). `policies`: profile the blocks'
+    save policies so the plan may record blocks under them; `compile`: compile each block
+    (`auto_checkpoint`'s options of the same names).
 
     Returns an `HFRun` (bytes, seconds). Raises `InstallError` on bad input and
     `InfeasiblePlanError` when nothing fits the budget."""
@@ -101,11 +105,12 @@ def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 
         return {"input_ids": ids, "labels": ids.clone()}
 
     example = batch()
-    prof = profile_model(model, example, repeats=3, warmup=1)
+    prof = profile_model(model, example, repeats=3, warmup=1, policies=policies, compile=compile)
     store = make_plan(prof, strategy="store-all").predicted.peak_bytes
     if fraction is not None:
         budget = int(fraction * store)
-    plan = auto_checkpoint(model, example, budget=budget, strategy=strategy, profile=prof)
+    plan = auto_checkpoint(model, example, budget=budget, strategy=strategy, profile=prof,
+                           compile=compile)
     try:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         losses = []
@@ -123,6 +128,7 @@ def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 
         strategy=plan.strategy, budget_bytes=plan.budget_bytes, store_all_peak_bytes=store,
         predicted_peak_bytes=plan.predicted.peak_bytes, measured_peak_bytes=m.measured_peak_bytes,
         peak_error_pct=m.peak_error_pct, predicted_step_s=plan.predicted.time_s,
-        measured_step_s=m.measured_step_s, recomputed=list(plan.recomputed), losses=losses,
+        measured_step_s=m.measured_step_s, recomputed=list(plan.recomputed),
+        stage_policies=dict(plan.stage_policies), losses=losses,
         message=m.message,
     )
