@@ -344,8 +344,16 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W):
         else:
             o = off[own, st + 1, t]
             nc = cnt[own, st + 1, t]
-            Sp, St, Sc = _grow3(Sp, St, Sc, nc + 1)
+            if nc == 0:
+                continue
             floor = _record_floor(st, hold, x, Ps[pol], Ptfr[pol], Ptb[pol])
+            if ne > 0:  # skip a policy whose fastest point is no faster than the envelope at its
+                # least peak: the envelope only falls from there (as for splits)
+                least = max(floor, PP[o] + xs + Ps[pol, st])
+                e = _gallop(Ep, 0, ne, max(least, lo))
+                if e >= 0 and Et[e] <= PT[o + nc - 1] + fb and Ep[e] <= least:
+                    continue
+            Sp, St, Sc = _grow3(Sp, St, Sc, nc + 1)
             ns = _shifted(PP, PT, o, nc, floor, xs + Ps[pol, st], fb, cap, lo, code, Sp, St, Sc)
         if ns == 0:
             continue
