@@ -673,6 +673,26 @@ async function onRun(ev) {
   } catch (err) { $("#jobs-error").textContent = `run: ${err.message}`; }
 }
 
+// a Hugging Face run: the server builds the model from its config and installs the plan
+async function onHfRun(ev) {
+  ev.preventDefault();
+  $("#jobs-error").textContent = "";
+  try {
+    let cfg;
+    try { cfg = JSON.parse($("#hf-run-config").value); } catch (err) {
+      throw new Error(`config.json is not JSON (${err.message})`);
+    }
+    const budget = $("#run-budget").value.trim();
+    const body = { model: "hf", strategy: $("#strategy").value, steps: Number($("#run-steps").value),
+                   budget_bytes: budget ? parseBytes(budget) : null,
+                   config: { hf_config: cfg, seq: Number($("#hf-run-seq").value),
+                             batch_size: Number($("#hf-run-batch").value) } };
+    const job = await api("/v1/runs", { method: "POST", body });
+    await refreshJobs();
+    watch(job.id);
+  } catch (err) { $("#jobs-error").textContent = `Hugging Face run: ${err.message}`; }
+}
+
 // ---- start ------------------------------------------------------------------------------------
 function init() {
   $("#example").addEventListener("change", onExample);
@@ -688,6 +708,7 @@ function init() {
   chart.addEventListener("keydown", onTimelineKey);
   $("#sizing-form").addEventListener("submit", onSizing);
   $("#run-form").addEventListener("submit", onRun);
+  $("#hf-run-form").addEventListener("submit", onHfRun);
   $("#jobs-refresh").addEventListener("click", refreshJobs);
   loadExamples()
     .then(() => { document.body.dataset.ready = "1"; })

@@ -472,6 +472,37 @@ def test_a_finished_runs_artifacts_download_and_its_timeline_is_drawn(serve, bro
     assert outside == [], f"the page made requests outside the server: {outside}"
 
 
+def test_a_hugging_face_run_from_the_page(serve, browser):
+    """The page's Hugging Face run form sends POST /v1/runs with model hf, the config as an object,
+    the sequence and batch, and the budget, strategy and steps of the page; a config that is not
+    JSON is one clear message and nothing is sent."""
+    b = browser
+    open_page(b, serve.url)
+    before = [j["id"] for j in httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"]]
+    cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4}
+    b.js("document.querySelector('#hf-run').open = true;"
+         f"document.querySelector('#hf-run-config').value = {json.dumps(json.dumps(cfg))};"
+         "document.querySelector('#hf-run-seq').value = '16'; document.querySelector('#hf-run-batch').value = '2';"
+         "document.querySelector('#run-budget').value = '300KB'; document.querySelector('#run-steps').value = '2';"
+         "document.querySelector('#strategy').value = 'heuristic';"
+         "document.querySelector('#hf-run-form').requestSubmit()")
+    run_id = b.wait(f"(() => {{ const old = new Set({json.dumps(before)});"
+                    " const li = [...document.querySelectorAll('#jobs li[id^=job-]')].find(l => !old.has(l.id.slice(4)));"
+                    " return li && li.id.slice(4); })()", "the run in the list")
+    job = httpx.get(f"{serve.url}/v1/runs/{run_id}").json()
+    assert job["request"]["model"] == "hf" and job["request"]["config"] == {"hf_config": cfg, "seq": 16, "batch_size": 2}
+    assert (job["request"]["budget_bytes"], job["request"]["strategy"], job["request"]["steps"]) == (300_000, "heuristic", 2)
+    b.wait(f"document.getElementById('job-{run_id}').dataset.state === 'succeeded'", "the run to succeed")
+    n_runs = len(httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"])
+    b.js("document.querySelector('#hf-run-config').value = '{not json';"
+         "document.querySelector('#hf-run-form').requestSubmit()")
+    b.wait("document.querySelector('#jobs-error').textContent.startsWith('Hugging Face run: config.json is not JSON')",
+           "the refusal")
+    assert len(httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"]) == n_runs
+    assert b.errors() == []
+
+
 def test_every_control_is_named_and_reached_by_keyboard(serve, browser):
     b = browser
     open_page(b, serve.url)
