@@ -137,6 +137,29 @@ def test_every_policy_keeps_gradients_bitwise_and_its_predicted_peak(gpt_profile
         assert abs(r.measured_peak_bytes - p.predicted.peak_bytes) <= slack, (name, r.message)
 
 
+def test_every_profiled_policy_with_dropout_keeps_gradients_bitwise():
+    # the profiler's own candidates (profile_chain(policies=True)): random ops recomputed and
+    # the producers of tensors written in place never cached, so dropout draws the same masks
+    torch.set_num_threads(1)
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY, dropout=0.1, attention="math"))
+    prof = measure.profile_chain(stages, idx, repeats=1, warmup=0, policies=True)
+    names = {p.name for la in prof.layers for p in la.policies}
+    assert {"none", "matmuls"} <= names, names
+    slack = one_off_bytes(batch_size=4, block_size=16, n_embd=32)
+    for name in sorted(names):
+        chosen = {i: name for i, la in enumerate(prof.layers, start=1) if name in la.policy_names}
+        for kind, plan in _plans(prof).items():
+            p = _under(plan, prof, chosen)
+            r = run_plan(stages, idx, p, profile=prof, steps=2)
+            assert r.status == "ok" and r.grad_max_abs_diff == 0, (name, kind, r.message)
+            assert abs(r.measured_peak_bytes - p.predicted.peak_bytes) <= slack, (name, kind, r.message)
+    # and the optimal planner's own choice of policies
+    store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
+    own = planner.plan(prof, strategy="optimal", budget_bytes=int(0.5 * store))
+    r = run_plan(stages, idx, own, profile=prof, steps=2)
+    assert r.status == "ok" and r.grad_max_abs_diff == 0, (own.stage_policies, r.message)
+
+
 def test_dropout_under_a_whole_block_recompute_keeps_gradients_bitwise():
     # plain checkpoint ('none') restores the generator for its rerun: the same dropout masks
     torch.set_num_threads(1)
@@ -242,8 +265,7 @@ def test_profile_model_offers_policies_for_the_blocks_only(hf_profiled):
             assert p.saved_bytes < layer.saved_bytes
 
 
-@pytest.mark.parametrize("policy", ["none", "matmuls"])
-def test_installed_plan_under_every_policy_keeps_gradients_and_its_peak(hf_profiled, policy):
+def test_installed_plan_under_every_policy_keeps_gradients_and_its_peak(hf_profiled):
     from memplan.executor.apply import install_plan, remove_checkpoint
 
     model, batch, prof = hf_profiled
@@ -251,18 +273,23 @@ def test_installed_plan_under_every_policy_keeps_gradients_and_its_peak(hf_profi
     _, want = _installed_step(ref, batch)
     bare = prof.with_policies({})
     store = planner.plan(bare, strategy="store-all").predicted.peak_bytes
-    for plan in (planner.plan(bare, strategy="store-all"),
-                 planner.plan(bare, strategy="optimal", budget_bytes=int(0.6 * store))):
-        p = _under(plan, prof, {i: policy for i in range(2, prof.n_stages)})
-        with pytest.raises(InstallError, match=r"stage_policies\.2.*profile"):
-            install_plan(model, p, batch)  # the recompute lists are in the profile only
-        install_plan(model, p, batch, profile=prof)
-        try:
-            m, got = _installed_step(model, batch)
-        finally:
-            remove_checkpoint(model)
-        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (policy, plan.strategy)
-        assert abs(m.peak_error_pct) <= 0.1, m.message
+    names = sorted({p.name for la in prof.layers for p in la.policies})
+    for policy in names:
+        chosen = {i: policy for i, la in enumerate(prof.layers, start=1)
+                  if policy in la.policy_names}
+        for plan in (planner.plan(bare, strategy="store-all"),
+                     planner.plan(bare, strategy="optimal", budget_bytes=int(0.6 * store))):
+            p = _under(plan, prof, chosen)
+            first = min(chosen)
+            with pytest.raises(InstallError, match=rf"stage_policies\.{first}.*profile"):
+                install_plan(model, p, batch)  # the recompute lists are in the profile only
+            install_plan(model, p, batch, profile=prof)
+            try:
+                m, got = _installed_step(model, batch)
+            finally:
+                remove_checkpoint(model)
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (policy, plan.strategy)
+            assert abs(m.peak_error_pct) <= 0.1, (policy, m.message)
 
 
 def test_auto_checkpoint_chooses_policies_and_holds_its_prediction(hf_profiled):
