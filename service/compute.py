@@ -84,7 +84,12 @@ class _Child:
         return self.proc.poll() is None
 
     def close(self) -> None:
+        """Close the API's end, unwatched first: its fd number may be reused at once."""
         if not self.conn.closed:
+            try:
+                asyncio.get_running_loop().remove_reader(self.conn.fileno())
+            except RuntimeError:  # no loop running (ComputePool.close at exit)
+                pass
             self.conn.close()
 
 
@@ -190,10 +195,11 @@ class ComputePool:
         """Wait for `child`'s ready message. A 503 when it dies or does not start in time (it is
         killed); when the client leaves first (or the request is cancelled), it goes back to the
         pool still starting, for the next request."""
+        why = None
         try:
             await self._wait(self._readable(child), time.monotonic() + START_TIMEOUT_S, disconnected)
-        except (TimeoutError, EOFError, OSError):
-            pass
+        except TimeoutError:
+            why = f"not ready within {START_TIMEOUT_S:g} s"
         except BaseException:
             self._idle.append(child)
             raise
@@ -208,12 +214,15 @@ class ComputePool:
             if kind == "ready":
                 child.ready = True
                 return
+        if why is None:
+            await asyncio.sleep(0.05)  # its exit, if it is exiting
+            why = ("it ended with " + _signal_name(child.proc.returncode) if not child.alive()
+                   else "its first message was not 'ready'")
         await self._kill(child)
-        log.error("planning process %d did not start (%s)", child.pid,
-                  _signal_name(child.proc.returncode))
+        log.error("planning process %d did not start: %s", child.pid, why)
         raise ProblemError(
-            503, f"the planning process did not start ({_signal_name(child.proc.returncode)}; "
-            "the server's log has its output); try again later",
+            503, f"the planning process did not start ({why}; the server's log has its "
+            "output); try again later",
             kind="unavailable", headers={"Retry-After": "5"},
         )
 
@@ -228,8 +237,13 @@ class ComputePool:
             if not fut.done():
                 fut.set_result(None)
 
+        def unwatch(_: asyncio.Future) -> None:
+            # runs later (call_soon): once the socket is closed, `fd` may be another's
+            if not child.conn.closed:
+                loop.remove_reader(fd)
+
         loop.add_reader(fd, ready)
-        fut.add_done_callback(lambda _: loop.remove_reader(fd))
+        fut.add_done_callback(unwatch)
         return fut
 
     @staticmethod
