@@ -136,7 +136,7 @@ async def run_bounded(request: Request, settings: Settings, fn, *args, in_proces
         try:
             return await asyncio.wait_for(asyncio.shield(task), settings.plan_timeout_s)
         except TimeoutError:
-            # the thread runs on to its (small) end; its slot is held until then
+            # the thread runs on to its end (near: under the threshold), outside the slots
             task.add_done_callback(lambda t: t.exception())
             raise ProblemError(
                 503, f"the plan was not done within this server's {settings.plan_timeout_s:g} s "
