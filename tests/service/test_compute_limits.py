@@ -255,3 +255,29 @@ def test_the_memory_limit_setting_leaves_room_to_start():
     with pytest.raises(ValidationError, match="at least 1 GiB") as err:
         Settings(plan_process_max_bytes=(1 << 30) - 1)
     assert err.value.errors()[0]["loc"] == ("plan_process_max_bytes",)
+
+
+def test_the_planning_processes_die_with_the_api(tmp_path):
+    srv = Server(tmp_path / "svc", env=_env(MEMPLAN_PLAN_PROCESS_MIN_STEPS="0",
+                                            MEMPLAN_PLAN_TIMEOUT_S="120")).start(ready=False)
+    try:
+        child = _warm_child(srv)
+        out: dict = {}
+        idle_cpu = child.cpu_times().user
+        t = threading.Thread(target=lambda: out.update(r=_post_quietly(srv.url, LONG)))
+        t.start()
+        wait_for(lambda: child.cpu_times().user > idle_cpu + 0.3, timeout_s=60,
+                 what="the plan to run")
+        srv.kill9()  # the API dies in the middle of the plan: PR_SET_PDEATHSIG ends its child
+        wait_for(lambda: process_gone(child.pid), timeout_s=20, what="the child to die")
+        t.join(60)
+        assert isinstance(out["r"], httpx.TransportError)
+    finally:
+        srv.stop()
+
+
+def _post_quietly(url: str, body: dict) -> httpx.Response | Exception:
+    try:
+        return httpx.post(url + "/v1/plans", json=body, timeout=120)
+    except httpx.TransportError as err:
+        return err
