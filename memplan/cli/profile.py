@@ -64,6 +64,11 @@ def profile_cmd(
     name: Annotated[str | None, typer.Option(help="profile name")] = None,
     out: Annotated[Path | None, typer.Option(help="write the profile JSON here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
+    tp: Annotated[int, typer.Option(help="--hf-config --analytic: tensor-parallel degree (one "
+                                    "GPU's share of each stage)")] = 1,
+    sp: Annotated[bool, typer.Option("--sp", help="--hf-config --analytic: sequence parallelism "
+                                     "with --tp")] = False,
+    cp: Annotated[int, typer.Option(help="--hf-config --analytic: context-parallel degree")] = 1,
     server: ServerOption = None,
 ) -> None:
     """Profile a built-in model: per-stage times, bytes and FLOPs (see docs/profiler.md)."""
@@ -71,12 +76,15 @@ def profile_cmd(
         prof = _hf_profile(hf_config, analytic=analytic, seq=seq, batch=batch, precision=precision,
                            attention=attention, device=device, optimizer=optimizer,
                            flops_per_s=flops_per_s, repeats=repeats, warmup=warmup, name=name,
+                           parallel={"tp": tp, "sp": sp, "cp": cp},
                            others={"--model": model if model != "gpt" else None, "--preset": preset,
                                    "--n-layer": n_layer, "--d-model": d_model, "--n-head": n_head,
                                    "--vocab": vocab, "--dtype": dtype, "--autocast": autocast,
                                    "--server": server})
         _emit(prof, out, json_out)
         return
+    if (tp, sp, cp) != (1, False, 1):
+        raise ValueError("--tp, --sp, --cp: only with --hf-config CONFIG.json --analytic")
     dtype, autocast = _policy_dtypes(precision, dtype, autocast)
     fields: dict = {"dtype": dtype}
     if model == "gpt":
@@ -149,7 +157,7 @@ def _emit(prof, out: Path | None, json_out: bool) -> None:
 
 
 def _hf_profile(path: Path, *, analytic, seq, batch, precision, attention, device, optimizer,
-                flops_per_s, repeats, warmup, name, others):
+                flops_per_s, repeats, warmup, name, others, parallel=None):
     """The profile of the Hugging Face decoder `path` describes: analytic
     (memplan.profiler.hf_config.hf_analytic_profile) or measured on a model built from it."""
     from memplan.cli._app import read_json
@@ -167,8 +175,13 @@ def _hf_profile(path: Path, *, analytic, seq, batch, precision, attention, devic
     kw = dict(seq_len=seq, batch_size=batch or 1, precision=precision or "fp32",
               attention=attention or "sdpa", optimizer=optimizer, name=name)
     try:
+        defaults = {"tp": 1, "sp": False, "cp": 1}
+        split = {k: v for k, v in (parallel or {}).items() if v != defaults[k]}
         if analytic:
-            return hf.hf_analytic_profile(cfg, flops_per_s=flops_per_s, device=device, **kw)
+            return hf.hf_analytic_profile(cfg, flops_per_s=flops_per_s, device=device, **kw, **split)
+        if split:
+            raise ValueError(f"--{next(iter(split))}: one GPU's share is derived, not measured; "
+                             "add --analytic")
         if device.startswith("cuda"):
             import torch
 
@@ -178,7 +191,8 @@ def _hf_profile(path: Path, *, analytic, seq, batch, precision, attention, devic
     except ValueError as err:
         text = str(err)
         for field, option in (("seq_len", "--seq"), ("batch_size", "--batch"), ("attention", "--attention"),
-                              ("precision", "--precision"), ("config", "--hf-config")):
+                              ("precision", "--precision"), ("config", "--hf-config"),
+                              ("tp", "--tp"), ("sp", "--sp"), ("cp", "--cp")):
             if text.startswith(field):
                 text = option + text[len(field):]
                 break

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -94,3 +95,25 @@ def test_table_fits_80_columns_and_never_cuts_a_number(monkeypatch):
     assert max(len(line) for line in res.output.splitlines()) <= 80
     assert "896.56 MiB" in res.output  # a block's saved bytes, whole
     assert "not shown at 80 columns" in res.output  # the columns that did not fit are named
+
+
+def test_hf_config_parallel_share_is_the_librarys(tmp_path):
+    from memplan.profiler.hf_config import hf_analytic_profile
+
+    cfg = Path(__file__).parent / "hf_configs" / "llama-2-7b.json"
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["profile", "--hf-config", str(cfg), "--analytic", "--seq", "4096",
+                              "--tp", "2", "--sp", "--cp", "2", "--precision", "bf16-mixed",
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    lib = hf_analytic_profile(str(cfg), seq_len=4096, precision="bf16-mixed", tp=2, sp=True, cp=2)
+    got = json.loads(out.read_text())
+    assert [la["saved_bytes"] for la in got["layers"]] == [la.saved_bytes for la in lib.layers]
+    whole = hf_analytic_profile(str(cfg), seq_len=4096, precision="bf16-mixed")
+    assert got["layers"][1]["saved_bytes"] < whole.layers[1].saved_bytes
+    for args, field in ((["--seq", "4095", "--cp", "2"], "--seq"),
+                        (["--seq", "4096", "--tp", "3"], "--tp")):
+        res = runner.invoke(app, ["profile", "--hf-config", str(cfg), "--analytic", *args])
+        assert res.exit_code == 2 and field in res.output, res.output
+    res = runner.invoke(app, ["profile", "--tp", "2"])
+    assert res.exit_code == 2 and "--hf-config" in res.output
