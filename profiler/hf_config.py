@@ -646,7 +646,7 @@ def hf_model(config: DecoderShape | str | Path | dict, *, attention: str = "sdpa
 def measure_hf_config(
     config: str | Path | dict, *, seq_len: int, batch_size: int = 1, precision: str = "fp32",
     attention: str = "sdpa", device: str = "cpu", optimizer: str = "adamw", repeats: int = 3,
-    warmup: int = 1, name: str | None = None, seed: int = 0,
+    warmup: int = 1, name: str | None = None, seed: int = 0, policies: bool | list[str] = False,
 ):
     """The measured profile (`memplan.profiler.measure.profile_chain`) of the model `config`
     describes, built with random weights and cut by `cut_decoder`, on a random batch of
@@ -655,7 +655,8 @@ def measure_hf_config(
     Returns a `Profile` whose stages are the cut's (embedding, each layer, head). profile_chain
     passes one tensor between stages and a decoder cut a pair (hidden states, the per-layer
     arguments the embedding made), so each stage is wrapped: the embedding keeps the arguments it
-    made, the later stages read them; what each stage outputs and saves is unchanged."""
+    made, the later stages read them; what each stage outputs and saves is unchanged. `policies`
+    measures save policies per stage as profile_chain does."""
     import torch
     import torch.nn as nn
     from memplan.profiler.cut import cut_decoder
@@ -700,6 +701,7 @@ def measure_hf_config(
     return profile_chain(
         wrapped, ids, device=device, repeats=repeats, warmup=warmup, timing="stage",
         autocast_dtype=autocast, optimizer=optimizer, names=[s.memplan_name for s in stages],
+        policies=policies,
         name=name or f"{shape.model_type}-{shape.n_layer}x{shape.hidden_size}",
         meta={"config": {"family": "hf", **shape.as_dict(), "seq_len": seq_len, "batch_size": batch_size},
               "attention_backend": attention, "hf_input": "input_ids only (labels held by the head)"})

@@ -34,6 +34,7 @@ and the random number generators are restored afterwards, so profiling leaves th
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -423,8 +424,10 @@ def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict
 # NOTE [ measuring save policies ]
 # 1. Candidates per stage come from one traced recorded forward of it (the second of two, the
 #    first pays one-off initialisations): NOTE [ candidate save policies ] in
-#    profiler/policies.py. The loss stage (the last) and stages whose output takes no gradient
-#    get none.
+#    profiler/policies.py. The loss stage (the last), stages whose output takes no gradient and a
+#    first stage whose input is not floating (token ids: an embedding, whose record is small and
+#    whose backward under a selective checkpoint measured, in a store-all step on a tiny GPT, one
+#    activation above the same backward measured alone) get none.
 # 2. Each candidate is measured on the real stage as the base fields are, with the same meter in
 #    one block for the forward and its backward, the stage run as `recorded(stage, a_{i-1},
 #    recompute=...)` (what the executor's `R i` runs): saved_bytes = what the recorded forward
@@ -434,9 +437,11 @@ def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict
 #    forward_temp_bytes = forward peak minus what it leaves; backward_temp_bytes = backward peak
 #    above its start minus d_{i-1} and d_i, the recomputation inside it included. One unmeasured
 #    forward and backward under the policy runs first.
-# 3. Times: with chain timing, one pass set over the whole chain per policy name with every stage
-#    that has a candidate of that name run under it (NOTE [ timing in context ]); else each stage
-#    alone, as the base times were taken.
+# 3. Times: with chain timing, passes over the whole chain, one per policy name with every stage
+#    that has a candidate of that name run under it, and one with none ('all'); else each stage
+#    alone, as the base times were taken. The passes are interleaved round by round (every
+#    variant once per round, medians over the rounds) and the base times are replaced by those of
+#    the 'all' passes, so that on a loaded machine a policy and its base see the same load.
 # 4. A candidate the stage cannot run under (the selective checkpoint refuses an op) is left out
 #    and logged. `select_policies` keeps the rest that free bytes and are not beaten.
 
@@ -460,6 +465,8 @@ def _add_policies(stages, labels, inputs, layers, extras, names, dev, ctx, timin
     measured: dict[int, dict[str, dict[str, Any]]] = {}
     candidates: dict[int, list[tuple[str, list[str]]]] = {}
     for i, stage in enumerate(stages[:-1]):
+        if i == 0 and not (torch.is_tensor(inputs[0]) and inputs[0].is_floating_point()):
+            continue  # rule 1: an embedding of tokens
         x = stage_input(inputs[i], i == 0)
         with ctx():
             out = stage(x)
@@ -482,26 +489,8 @@ def _add_policies(stages, labels, inputs, layers, extras, names, dev, ctx, timin
             except RuntimeError as err:
                 log.warning("stage %d (%s): policy %s cannot run (%s); left out", i + 1,
                             labels[i], name, str(err).splitlines()[0] if str(err) else err)
-    times: dict[int, dict[str, tuple[float, float]]] = {i: {} for i in measured}
-    for name in names:
-        wrapped = list(stages)
-        has = []
-        for i, by_name in measured.items():
-            if name in by_name:
-                rec = dict(candidates[i])[name]
-                wrapped[i] = _UnderPolicy(stages[i], rec)
-                has.append(i)
-        if not has:
-            continue
-        chain = None
-        if timing_used == "chain":
-            chain, _ = time_chain(wrapped, inputs[0], dev, ctx, repeats, warmup)
-        for i in has:
-            if chain is not None:
-                f_s, b_s, _ = chain[i]
-            else:
-                f_s, b_s, _ = time_stage(wrapped[i], inputs[i], i == 0, dev, ctx, repeats, warmup)
-            times[i][name] = (f_s, b_s)
+    times = _time_policies(stages, inputs, layers, measured, candidates, names, dev, ctx,
+                           timing_used, repeats, warmup)
     for i, by_name in measured.items():
         offered = [SavePolicy(name=name, recompute=dict(candidates[i])[name],
                               saved_bytes=m["saved_bytes"],
@@ -514,6 +503,46 @@ def _add_policies(stages, labels, inputs, layers, extras, names, dev, ctx, timin
                                offered)
         layers[i] = base.model_copy(update={"policies": kept})
         extras[i]["policies_measured"] = [p.model_dump() for p in offered]
+
+
+def _time_policies(stages, inputs, layers, measured, candidates, names, dev, ctx, timing_used,
+                   repeats, warmup) -> dict[int, dict[str, tuple[float, float]]]:
+    """Per stage and policy name, the medians (seconds) of the recorded forward and backward
+    (NOTE [ measuring save policies ] rule 3). The stages' base times (`layers[i]`, 'all') are
+    taken again in the same interleaved rounds and replaced, so that a policy and its base are
+    timed under the same load."""
+    variants: list[tuple[str, list]] = [("all", list(stages))]
+    for name in names:
+        wrapped, has = list(stages), False
+        for i, by_name in measured.items():
+            if name in by_name:
+                wrapped[i] = _UnderPolicy(stages[i], dict(candidates[i])[name])
+                has = True
+        if has:
+            variants.append((name, wrapped))
+    samples: dict[tuple[int, str], list[tuple[float, float, float]]] = {}
+    chain = timing_used == "chain"
+    for r in range(warmup + repeats):
+        for name, wrapped in variants:
+            got = time_chain(wrapped, inputs[0], dev, ctx, 1, 0)[0] if chain else None
+            if got is None:  # stage timing, or the pass does not fit: each stage alone
+                chain = False
+                got = {i: time_stage(wrapped[i], inputs[i], i == 0, dev, ctx, 1, 0)
+                       for i in measured}
+            if r >= warmup:
+                for i in measured:
+                    if name == "all" or name in measured[i]:
+                        samples.setdefault((i, name), []).append(got[i])
+    med = statistics.median
+    times: dict[int, dict[str, tuple[float, float]]] = {i: {} for i in measured}
+    for (i, name), runs in samples.items():
+        f_s, b_s, n_s = (med(r[k] for r in runs) for k in range(3))
+        if name == "all":
+            layers[i] = layers[i].model_copy(update={"forward_s": f_s, "backward_s": b_s,
+                                                     "forward_nograd_s": n_s})
+        else:
+            times[i][name] = (f_s, b_s)
+    return times
 
 
 def _measure_policy_memory(stage, x_prev, first, dev, ctx, recompute) -> dict[str, int]:
