@@ -144,6 +144,7 @@ def _hf_profile(cfg: BaseModel, dev: str):
     from memplan.profiler import analytic
     from memplan.profiler.hf_config import decoder_shape, hf_analytic_profile
     from memplan.profiler.schema import ProfileError
+    from pydantic import ValidationError
 
     try:
         shape = decoder_shape(cfg.hf_config)
@@ -153,12 +154,17 @@ def _hf_profile(cfg: BaseModel, dev: str):
             {"n_layer": shape.n_layer, "n_embd": shape.hidden_size, "n_head": shape.n_head,
              "block_size": cfg.seq, "vocab_size": shape.vocab_size, "batch_size": cfg.batch_size,
              "ffn_hidden": shape.intermediate_size, "tie_weights": shape.tie_embeddings}, device=dev)
+    except ValidationError as err:  # a size past the profile's ceilings (2^58 bytes): far past any limit
+        msg = str(err.errors(include_url=False)[0].get("msg", err)).removeprefix("Value error, ")
+        raise AdmissionError("body.config.batch_size", f"the run's activations at batch_size x seq are past "
+                             f"what memplan counts ({msg}); make batch_size or seq smaller",
+                             kind="too-large") from None
     except ProfileError as err:
         name, sep, rest = str(err).partition(": ")
         if sep and name.startswith("config."):  # decoder_shape's names are the config's fields
             raise AdmissionError(f"body.config.hf_{name}", rest) from None
         if sep and name.replace(", ", "").replace("_", "").isalnum():
-            raise AdmissionError("body.config.batch_size", f"{name}: {rest}") from None
+            raise AdmissionError("body.config.batch_size", f"{name}: {rest}", kind="too-large") from None
         raise AdmissionError("body.config.hf_config", str(err)) from None
 
 
@@ -220,8 +226,10 @@ def _gib(n: int) -> str:
     return f"{n:,} bytes ({n / 2**30:.3g} GiB)"
 
 
-def _check_hf_run(request: dict[str, Any]) -> None:
-    """The run settings a Hugging Face run (executor.install.run_hf_config) does not take."""
+def _check_hf_run(request: dict[str, Any], cfg: BaseModel, settings: Settings) -> None:
+    """The run settings a Hugging Face run (executor.install.run_hf_config) does not take, and a
+    model whose fp32 weights, gradients and AdamW state alone (16 bytes a parameter, counted from
+    the config's shapes) are over the job memory limit."""
     if request.get("features"):
         raise AdmissionError("body.features", "a Hugging Face run takes the model its config describes; "
                              "features apply to the built-in GPT (model gpt): remove them")
@@ -233,6 +241,19 @@ def _check_hf_run(request: dict[str, Any]) -> None:
         raise AdmissionError("body.device", "a Hugging Face run runs on the CPU in this build "
                              "(NOTE [ Hugging Face runs run on the CPU ] in service/jobs/kinds.py); "
                              "ask for cpu or leave it null")
+    from memplan.profiler.hf_config import decoder_shape, n_params
+    from memplan.profiler.schema import ProfileError
+
+    try:
+        states = 16 * n_params(decoder_shape(cfg.hf_config))
+    except ProfileError:
+        return  # the estimate names the field (_hf_profile)
+    limit = job_memory_limit(settings)
+    if limit is not None and states > limit:
+        raise AdmissionError("body.config.hf_config", f"the model's fp32 parameters, gradients and AdamW "
+                             f"state alone are {_gib(states)}, over the job memory limit of {_gib(limit)} "
+                             "(MEMPLAN_JOB_MAX_BYTES); give a smaller model (layers, width, vocabulary)",
+                             kind="too-large")
 
 
 def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: str,
@@ -255,7 +276,7 @@ def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: s
     cfg = _typed_config(declared[1], model, dict(request.get("config") or {}),
                         model_field=f"{model_prefix}.model", config_field=f"{model_prefix}.config")
     if kind == "run" and model == "hf":
-        _check_hf_run(request)
+        _check_hf_run(request, cfg, settings)
     if kind == "profile" and request.get("analytic"):
         return None  # derived from shapes: nothing is executed, nothing to estimate
     depth = getattr(cfg, "n_layer", 0)

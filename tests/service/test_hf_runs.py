@@ -71,6 +71,17 @@ def test_the_estimate_refuses_what_cannot_fit_and_names_what_to_shrink():
     err = _refused({"model": "hf", "config": {"hf_config": XL, "seq": 1024, "batch_size": 8}, "steps": 10_000},
                    _settings(job_max_bytes=1 << 50))
     assert err.field == "body.steps" and err.kind == "too-long"
+    # at the configs' bounds the answer is a 422 naming the field, never an overflow, for every family
+    top = {"gpt2": {"n_layer": 1024, "n_embd": 16384, "n_head": 256, "vocab_size": 1 << 20, "n_positions": 32768,
+                    "n_inner": 1 << 18},
+           "llama": {"num_hidden_layers": 1024, "hidden_size": 16384, "num_attention_heads": 256,
+                     "vocab_size": 1 << 20, "intermediate_size": 1 << 18, "max_position_embeddings": 1 << 20}}
+    for model_type, cfg in [*top.items(), ("qwen2", top["llama"])]:
+        req = {"model": "hf", "config": {"hf_config": {"model_type": model_type, **cfg}, "seq": 32768,
+                                         "batch_size": 4096}}
+        assert _refused(req).field == "body.config.hf_config"  # the model alone, at 1 GiB
+        err = _refused(req, _settings(job_max_bytes=1 << 62))  # room for any model: the activations
+        assert (err.field, err.kind) == ("body.config.batch_size", "too-large"), err
     # the tiny ones are admitted, priced from their shapes on the CPU
     for cfg in (GPT2, LLAMA):
         est = admit("run", {"model": "hf", "config": {"hf_config": cfg, "seq": 16, "batch_size": 2}},
