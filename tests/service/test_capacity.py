@@ -21,6 +21,16 @@ def test_capacity_is_the_librarys_answer(client):
     assert got["fits"] and got["max_micro_batch"] >= 2 and got["n_params"] == 6_738_415_616
 
 
+def test_parallel_layout_is_the_librarys_answer(client):
+    body = {"config": LLAMA7B, "memory_bytes": 80 * 10**9, "seq_len": 4096, "n_gpus": 8,
+            "tp": 2, "sp": True, "pp": 2, "micro_batches": 8, "zero_stage": 1,
+            "max_overhead": 0.3, "policies": False}
+    r = client.post("/v1/capacity", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json() == json.loads(capacity(body).model_dump_json())
+    assert r.json()["fits"] and r.json()["parallel"]["tp"] == 2
+
+
 def test_not_fitting_is_an_answer(client):
     r = client.post("/v1/capacity", json={"config": LLAMA7B, "device": "a100-80gb", "policies": False},
                     timeout=120)
@@ -36,6 +46,9 @@ def test_bad_input_is_a_422_naming_the_field(client):
         ({"config": LLAMA7B, "memory_bytes": 10**9, "precision": "fp8"}, "precision"),
         ({"config": LLAMA7B, "memory_bytes": "80GB"}, "memory_bytes"),
         ({"config": {**LLAMA7B, "num_hidden_layers": 10**6}, "memory_bytes": 10**9}, "num_hidden_layers"),
+        ({"config": LLAMA7B, "memory_bytes": 10**9, "n_gpus": 6, "tp": 4}, "n_gpus"),
+        ({"config": LLAMA7B, "memory_bytes": 10**9, "tp": 3, "n_gpus": 3}, "tp"),
+        ({"config": LLAMA7B, "memory_bytes": 10**9, "seq_len": 4095, "cp": 2, "n_gpus": 2}, "seq_len"),
     ):
         r = client.post("/v1/capacity", json=body)
         assert r.status_code == 422, (body, r.text)
