@@ -15,6 +15,9 @@ Sections (`--sections`, comma-separated; default all):
   sqrt's peak and optimal at 75% of the store-all peak, each run with `memplan.executor.run_plan`
   (targets: peak within 2%, time within 10%; overhead measured against store-all measured in the
   same run; gradients against the unplanned step, per step).
+- policies: GPT-2 small (B 32) and medium (B 16) profiled with save policies; at 30%, 45% and
+  60% of the store-all peak the optimal plan with policies and the whole-block one, both run
+  (measured against predicted; the policy plan's measured time over the whole-block one's).
 - features: a small GPT with dropout 0.1, every feature alone and together (moe, flash, qat,
   prune, exit) under every strategy at 60% of the store-all peak and optimal at 30%, fp32; then
   bf16 autocast and fp16 with a gradient scaler: gradients, buffers and parameters against the
@@ -51,7 +54,7 @@ from memplan.profiler.measure import profile_chain  # noqa: E402
 from memplan.profiler.memory import measure_memory  # noqa: E402
 from memplan.profiler.models.gpt import GPT2_SIZES, GPTConfig, build_gpt, gpt_report  # noqa: E402
 
-import planner  # noqa: E402
+from memplan import planner  # noqa: E402
 
 log = logging.getLogger("gpu_check")
 
@@ -236,6 +239,50 @@ def _model_runs(name: str, fields: dict, dev: torch.device, res: _Results, *, dt
         _free(dev)
 
 
+def section_policies(models: dict, dev: torch.device, res: _Results, *, dtype: str, steps: int) -> None:
+    """Save policies (docs/chain-model.md section 10.8) on each model: profiled with the built-in
+    candidates, then at 30%, 45% and 60% of the store-all peak the optimal plan with policies and
+    the whole-block optimal plan, both run: measured against predicted, and the measured step time
+    of the policy plan over the whole-block one's (below 1: the policies pay)."""
+    for name, fields in models.items():
+        try:
+            cfg = GPTConfig(**fields, dtype=dtype, attention="flash")
+            stages, x0 = build_gpt(cfg, device=dev)
+            t0 = time.perf_counter()
+            prof = profile_chain(stages, x0, device=dev, repeats=5, warmup=2, name=name,
+                                 policies=True)
+            res.add("policy_profiles", {
+                "model": name, "profile_s": time.perf_counter() - t0,
+                "policies": {la.name: [[p.name, p.saved_bytes, p.backward_s] for p in la.policies]
+                             for la in prof.layers if la.policies}})
+            store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
+            whole = prof.with_policies(None)
+            for frac in (0.3, 0.45, 0.6):
+                budget = int(store * frac)
+                measured = {}
+                for label, p_use in (("policies", prof), ("whole blocks", whole)):
+                    plan = planner.plan(p_use, budget_bytes=budget)
+                    if not plan.schedule:
+                        res.add("policy_runs", {"model": name, "plan": f"{label}@{frac:.0%}",
+                                                "status": "infeasible", "message": plan.message})
+                        continue
+                    rep = run_plan(stages, x0, plan, profile=prof, steps=steps)
+                    measured[label] = rep.measured_time_s
+                    rec = _run_record(name, f"{label}@{frac:.0%}", plan, rep, None)
+                    rec["stage_policies"] = dict(plan.stage_policies)
+                    res.add("policy_runs", rec)
+                    _free(dev)
+                if len(measured) == 2:
+                    res.add("policy_ratios", {"model": name, "budget_frac": frac,
+                                              "time_policies_over_whole": measured["policies"]
+                                              / measured["whole blocks"]})
+        except Exception as exc:
+            res.add("policy_runs", {"model": name, "plan": "-", "status": "error",
+                                    "message": _error_text(exc)})
+            log.error("policies %s: %s", name, traceback.format_exc())
+        _free(dev)
+
+
 def _free(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -367,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny configs (a logic check, not a measurement)")
     ap.add_argument("--dtype", default="bfloat16", help="parameter dtype of the GPT-2 models (default bfloat16)")
     ap.add_argument("--steps", type=int, default=6, help="steps per plan in the models section (time: median of 2..steps-1)")
-    ap.add_argument("--sections", default="rng,models,features", help="rng, models, features (comma-separated)")
+    ap.add_argument("--sections", default="rng,models,features,policies",
+                    help="rng, models, features, policies (comma-separated)")
     ap.add_argument("--models", default=None, help="comma-separated names from the models section (default all)")
     ap.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True, warn_only=True)")
     ap.add_argument("--out", type=Path, default=None, help="JSON output path")
@@ -378,9 +426,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --device cuda: CUDA is not available; use --device cpu --tiny", file=sys.stderr)
         return 2
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = set(sections) - {"rng", "models", "features"}
+    unknown = set(sections) - {"rng", "models", "features", "policies"}
     if unknown:
-        print(f"error: --sections: unknown {sorted(unknown)}; choose from rng, models, features", file=sys.stderr)
+        print(f"error: --sections: unknown {sorted(unknown)}; choose from rng, models, features, "
+              "policies", file=sys.stderr)
         return 2
     models = TINY_MODELS if args.tiny else MODELS
     if args.models:
@@ -411,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
         section_models(models, device, res, dtype=args.dtype, steps=args.steps)
     if "features" in sections:
         section_features(TINY_FEATURE_MODEL if args.tiny else FEATURE_MODEL, device, res)
+    if "policies" in sections:
+        small = {k: v for k, v in models.items() if k in ("gpt2-b32", "gpt2-medium-b16", "tiny-a")}
+        section_policies(small or models, device, res, dtype=args.dtype, steps=args.steps)
     res.data["elapsed_s"] = time.perf_counter() - t_start
     res.path.write_text(json.dumps(res.data, indent=1, default=str) + "\n")
     print_tables(res.data)
