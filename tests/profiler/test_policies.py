@@ -9,7 +9,6 @@ import contextlib
 
 import pytest
 import torch
-from memplan import planner
 from memplan.planner.simulate import simulate
 from memplan.profiler import measure
 from memplan.profiler.policies import (
@@ -24,6 +23,7 @@ from memplan.profiler.schema import ProfileError, SavePolicy
 from memplan.profiler.tensors import unique_params
 from torch import nn
 
+from memplan import planner
 from tests.conftest import one_off_bytes
 
 gpt = pytest.importorskip("memplan.profiler.models.gpt")
