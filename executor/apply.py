@@ -628,8 +628,12 @@ def _block_policies(block: nn.Module, call: tuple, names: list[str], dev: torch.
         if compile and rec:
             _, run = _block_fn(block, call, _compiled(type(block), rec))
         else:
+            def uncached(h: torch.Tensor) -> Any:
+                with _no_cast_cache():  # as the installation runs it (NOTE [ Autocast's cast cache
+                    return fn(h)        # and selective recompute ])
+
             def run(x, rec=rec):
-                return recorded(fn, x, recompute=rec)
+                return recorded(uncached if rec else fn, x, recompute=rec)
         try:
             x = hidden.detach().requires_grad_(rg)
             gc.collect()  # a previous pass's reference cycles (checkpoint's frames) freed first
@@ -763,6 +767,19 @@ def _autocast(state: list[tuple[str, torch.dtype]]) -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     for d, dtype in state:
         stack.enter_context(torch.autocast(d, dtype=dtype))
+    return stack
+
+
+def _no_cast_cache() -> contextlib.ExitStack:
+    """Autocast as it is, without its cache of casted weights. NOTE [ Autocast's cast cache and
+    selective recompute ]: inside one autocast region autocast casts a weight once and serves
+    later casts from its cache without dispatching them; a selective checkpoint's rerun inside
+    the backward of a user who runs the backward under autocast too would then dispatch fewer
+    casts than the forward did, and the checkpoint's cache, matched op by op in call order, hands
+    back the wrong tensors. Without the cache both dispatch every cast (the same values)."""
+    stack = contextlib.ExitStack()
+    for d, dtype in _autocast_state():
+        stack.enter_context(torch.autocast(d, dtype=dtype, cache_enabled=False))
     return stack
 
 
@@ -1081,12 +1098,13 @@ class _Installation:
                 calls[0] += 1
                 a, kw = _with_hidden(args, kwargs, where, h)
                 if calls[0] == 1:  # the recorded forward itself, inside the stage's guards
-                    return orig(*a, **kw)
+                    with _no_cast_cache():
+                        return orig(*a, **kw)
                 # its rerun inside the backward (NOTE [ Save policies in the runner ] points 2-3
                 # in executor/runner.py): the stage's guards, the installation's hooks idle
                 busy, self.busy = self.busy, True
                 try:
-                    with self.guards.forward(s):
+                    with self.guards.forward(s), _no_cast_cache():
                         out = orig(*a, **kw)
                 finally:
                     self.busy = busy

@@ -396,3 +396,27 @@ def test_auto_checkpoint_compiled_blocks_plans_on_compiled_costs():
         remove_checkpoint(model)
     assert m.measured_peak_bytes <= int(0.7 * store) and abs(m.peak_error_pct) <= 0.1, m.message
     assert all("forward" not in b.__dict__ for b in model.transformer.h)  # removed exactly
+
+
+def test_installed_policies_under_bf16_autocast_within_tolerance(hf_profiled):
+    from memplan.executor.apply import install_plan, remove_checkpoint
+    from memplan.executor.compare import tolerance_for
+
+    model, batch, prof = hf_profiled
+    ref = copy.deepcopy(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, want = _installed_step(ref, batch)
+    bare = prof.with_policies({})
+    store = planner.plan(bare, strategy="store-all").predicted.peak_bytes
+    plan = planner.plan(bare, strategy="optimal", budget_bytes=int(0.6 * store))
+    chosen = {i: ("matmuls" if i % 2 else "none") for i, la in enumerate(prof.layers, start=1)
+              if {"matmuls", "none"} <= set(la.policy_names)}
+    install_plan(model, _under(plan, prof, chosen), batch, profile=prof)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, got = _installed_step(model, batch)
+    finally:
+        remove_checkpoint(model)
+    tol = tolerance_for("bfloat16")
+    for a, b in zip(got, want, strict=True):
+        assert float((a - b).abs().max()) <= tol * max(float(b.abs().max()), 1e-30)
