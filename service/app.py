@@ -49,6 +49,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if supervisor is not None:
                 supervisor.stop()
+            pool = getattr(app.state, "plan_pool", None)  # planning processes (service/compute.py)
+            if pool is not None:
+                pool.close()
             app.state.store.close()
 
     from importlib import metadata
