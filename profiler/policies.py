@@ -5,6 +5,8 @@ recomputed in the backward, `[]` (keep everything: the stage's own record, 'all'
 (keep nothing but the input: the whole stage is recomputed, as `torch.utils.checkpoint` does).
 `recorded` runs a stage's forward under one; the profiler measures each policy through it and the
 executor runs plans through it, so what is measured is what runs (docs/chain-model.md section 10.8).
+`trace_ops` and `candidate_policies` build a stage's candidates from the operators it runs, and
+`select_policies` keeps the measured ones worth offering (NOTE [ candidate save policies ]).
 
 NOTE [ selective recompute through checkpoint contexts ]
 1. A policy other than 'all' runs the stage under non-reentrant `torch.utils.checkpoint` with
@@ -14,7 +16,9 @@ NOTE [ selective recompute through checkpoint contexts ]
 2. `["*"]` is plain non-reentrant checkpoint: only the inputs are kept.
 3. Recomputation replays the same ops on the same inputs, so gradients are bitwise those of the
    unplanned step on the CPU (fp32); the random state is restored for the replay (checkpoint's
-   `preserve_rng_state`), so dropout draws the same mask.
+   `preserve_rng_state`), so dropout draws the same mask, provided the replay draws in the
+   forward's order: a list that recomputes some random packets and caches others would shift
+   the draws (the built-in candidates never do: NOTE [ candidate save policies ] rule 5).
 """
 
 from __future__ import annotations
@@ -76,9 +80,9 @@ def recorded(fn: Callable[..., Any], *args: Any, recompute: Sequence[str] = ()) 
 # candidate policies of a stage, from the operators its forward runs
 
 # NOTE [ candidate save policies ]
-# The candidates are built from one traced forward of the stage (`trace_ops`: every aten op the
-# forward dispatches after autograd, as the selective checkpoint's policy function sees it), op
-# by op grouped into overload packets, the unit a policy names:
+# The candidates are built from a traced recorded forward of the stage (`trace_ops`: every aten op
+# the forward dispatches after autograd, as the selective checkpoint's policy function sees it),
+# op by op grouped into overload packets, the unit a policy names:
 # 1. `matmuls` keeps the outputs of matmul-like packets (MATMUL_OPS) and recomputes every other
 #    packet the stage ran (torchtitan's op-level selective checkpointing).
 # 2. `no_attention` recomputes the attention core only (Korthikanti et al. 2022, "Reducing
@@ -92,7 +96,7 @@ def recorded(fn: Callable[..., Any], *args: Any, recompute: Sequence[str] = ()) 
 #    output bytes over their forward seconds, timed in the trace), recomputed in that order up
 #    to about 1/4, 1/2 and 3/4 of the recomputable bytes.
 # 5. Some packets are recomputed in every candidate, because caching them is wrong or useless
-#    (FORCED): views (their outputs alias an input: nothing to free), in-place ops and the
+#    (`OpRecord.forced`): views (their outputs alias an input: nothing to free), in-place ops and the
 #    producers of tensors an in-place op later writes (a cached tensor that is mutated after
 #    caching cannot be handed back), and random ops where the stage has more than one random
 #    packet (all of them recomputed, so that the replay, from checkpoint's saved RNG state, draws
