@@ -294,3 +294,15 @@ def test_llama_policy_bytes_from_shapes_equal_the_measured_ones():
     derived = llama_layer_policy_bytes(shape, seq_len=SEQ, batch_size=BATCH)
     for i in (2, 3):
         assert _measured(prof, i) == derived
+
+
+def test_policies_timed_in_chain_passes():
+    # NOTE [ measuring save policies ] rule 3: the default chain timing runs passes over the
+    # chain with the policy's stages under it, interleaved with plain passes
+    stages, idx, _ = _gpt_chain()
+    prof = measure.profile_chain(stages, idx, repeats=2, warmup=1, policies=["none", "matmuls"])
+    assert prof.meta["timing"] == "chain" and prof.meta["policies"] == ["none", "matmuls"]
+    for layer in prof.layers[1:-1]:
+        assert [p.name for p in layer.policies] == ["none", "matmuls"]
+        assert all(p.forward_s > 0 and p.backward_s > 0 for p in layer.policies)
+    assert prof.layers[0].policies == [] and prof.layers[-1].policies == []
