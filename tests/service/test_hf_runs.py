@@ -99,7 +99,7 @@ def hf_server(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_tiny_gpt2_run_job_completes_with_its_measured_peak_at_the_prediction(hf_server):
-    budget = 360_000  # below the store-all peak (~410 KB): something is recomputed
+    budget = 360_000  # below the store-all peak (494,344 bytes): something is recomputed
     body = {"model": "hf", "config": {"hf_config": GPT2, "seq": 16, "batch_size": 2}, "budget_bytes": budget,
             "strategy": "heuristic", "steps": 2}
     with httpx.Client(base_url=hf_server.url, timeout=30) as c:
