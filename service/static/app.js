@@ -267,6 +267,7 @@ function renderPlan(plan, tl) {
   const rows = tl ? tl.stages.map((s) => [
     String(s.stage), s.name, { text: s.role, attrs: { class: `role-${s.role}` } }, String(s.forwards),
     s.checkpoint ? `checkpoint${s.checkpoint_dtype ? ` (${s.checkpoint_dtype})` : ""}` : "",
+    s.policy || "all",
     fmtBytes(s.saved_bytes),
   ]) : [];
   fillRows($("#stages tbody"), rows);

@@ -220,6 +220,7 @@ def shown(b: Browser) -> dict:
         overhead: Number(document.querySelector('#sum-overhead').dataset.overhead),
         roles: cells('#stages', 2),
         forwards: cells('#stages', 3).map(Number),
+        policies: cells('#stages', 5),
         timeline: data('#timeline-table', 2),
         ops: cells('#timeline-table', 1),
         chart_ops: Number(document.querySelector('#timeline-line').dataset.ops),
@@ -247,6 +248,8 @@ def check_against_api(b: Browser, url: str, profile: dict, frontier: dict) -> di
     assert got["overhead"] == plan["predicted"]["overhead"]
     assert got["roles"] == [s["role"] for s in tl["stages"]]
     assert got["forwards"] == [s["forwards"] for s in tl["stages"]]
+    assert got["policies"] == [plan["stage_policies"].get(str(s["stage"]), "all") for s in tl["stages"]]
+    assert got["policies"] == [s["policy"] for s in tl["stages"]]
     assert got["timeline"] == tl["predicted_bytes"]
     assert got["ops"] == [" ".join(map(str, op)) for op in plan["schedule"]]
     assert got["chart_ops"] == len(plan["schedule"])
@@ -322,6 +325,33 @@ def test_upload_move_budget_and_see_the_api_numbers(serve, browser, tmp_path, ar
     assert any(u.endswith("/v1/plans/timeline") for u in urls)
     outside = [u for u in urls if not u.startswith(serve.url + "/")]
     assert outside == [], f"the page made requests outside the server: {outside}"
+
+
+def test_save_policies_are_named_per_stage(serve, browser, tmp_path):
+    # a profile whose stages may also be recorded keeping part of their tensors (section 10.8):
+    # at the least budget the plan records some under a policy, and the page names which
+    b = browser
+    open_page(b, serve.url)
+    profile = make_profile(8)
+    for la in profile["layers"][1:-1]:
+        la["policies"] = [{"name": "matmuls", "recompute": ["aten.gelu"],
+                           "saved_bytes": la["saved_bytes"] // 3, "backward_temp_bytes": 0,
+                           "forward_s": la["forward_s"], "backward_s": la["backward_s"] * 1.1}]
+    path = tmp_path / "policies8.json"
+    path.write_text(json.dumps(profile))
+    frontier = httpx.post(serve.url + "/v1/plans/frontier", json={"profile": profile, "options": {"points": 60}},
+                          timeout=60).json()
+    node = b.send("DOM.querySelector", nodeId=b.send("DOM.getDocument")["root"]["nodeId"], selector="#upload")
+    b.send("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
+    b.wait("document.querySelector('#profile-info').textContent.includes('policies8') && "
+           "Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
+    b.js("document.querySelector('#budget-range').focus()")
+    b.key("Home", vk=36)
+    b.wait(f"Number(document.querySelector('#plan-section').dataset.budget) === {frontier['least_peak_bytes']}",
+           "the plan at the least budget")
+    got = check_against_api(b, serve.url, profile, frontier)
+    assert "matmuls" in got["policies"]
+    assert b.errors() == []
 
 
 def test_example_frontier_sizing_and_no_outside_requests(serve, browser, artifacts):
