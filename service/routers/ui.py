@@ -146,7 +146,7 @@ _parse = json_body(PlanRequest)
     summary="A plan and its memory timeline (bytes during each op of its schedule)",
     description="The body is POST /v1/plans' body; the `plan` is the same Plan, and `timeline` "
     "its replay op by op (`memplan.planner.timeline.plan_timeline`), null when infeasible.",
-    responses=problem_responses(401, 413, 415, 422, 503),
+    responses=problem_responses(401, 413, 415, 422, 500, 503),
     openapi_extra=body_openapi(PlanRequest),
 )
 async def create_timeline(request: Request, settings: SettingsDep) -> Response:
