@@ -420,3 +420,31 @@ def test_installed_policies_under_bf16_autocast_within_tolerance(hf_profiled):
     tol = tolerance_for("bfloat16")
     for a, b in zip(got, want, strict=True):
         assert float((a - b).abs().max()) <= tol * max(float(b.abs().max()), 1e-30)
+
+
+def test_installed_policies_on_llama_keep_gradients_and_peak():
+    # Llama's blocks take the rotary tables and the mask as keywords: the recorded call and its
+    # rerun inside the backward get them from the block's own call
+    from memplan.executor.apply import install_plan, profile_model, remove_checkpoint
+
+    from tests.hf_tiny import lm_batch, tiny_lm
+
+    torch.set_num_threads(1)
+    model = tiny_lm("llama", "sdpa", n_layer=3, width=64).train()
+    model.config.use_cache = False
+    batch = lm_batch(4, 32, seed=100)
+    _, want = _installed_step(copy.deepcopy(model), batch)
+    prof = profile_model(model, batch, repeats=1, warmup=0, policies=["none", "matmuls"])
+    bare = prof.with_policies({})
+    store = planner.plan(bare, strategy="store-all").predicted.peak_bytes
+    plan = planner.plan(bare, strategy="optimal", budget_bytes=int(0.6 * store))
+    for name in ("none", "matmuls"):
+        chosen = {i: name for i, la in enumerate(prof.layers, start=1) if name in la.policy_names}
+        assert len(chosen) == 3, prof.layers[1].policy_names
+        install_plan(model, _under(plan, prof, chosen), batch, profile=prof)
+        try:
+            m, got = _installed_step(model, batch)
+        finally:
+            remove_checkpoint(model)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), name
+        assert abs(m.peak_error_pct) <= 0.1, (name, m.message)
