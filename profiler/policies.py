@@ -265,7 +265,13 @@ def select_policies(base: tuple[int, int, float], measured: Sequence[Any]) -> li
     """The measured candidates (`SavePolicy`s) worth offering: each keeps fewer bytes than 'all'
     (`base` = its saved_bytes, backward_temp_bytes, backward_s), none is matched or beaten by
     another on all of saved bytes, backward transient and backward seconds (an exact duplicate
-    is kept once, the first), in their given order, at most 8."""
+    is kept once, the first), in their given order, at most 8.
+
+    A policy's backward runs the stage's backward plus the recomputation of what it did not keep,
+    so it is never faster than the base's: a measured time below `base`'s (timing noise on a
+    loaded machine) is raised to it, so that the planner does not take a policy for free."""
+    measured = [p if p.backward_s >= base[2] else p.model_copy(update={"backward_s": base[2]})
+                for p in measured]
     keys = [(p.saved_bytes, p.backward_temp_bytes, p.backward_s) for p in measured]
     kept = []
     for k, p in enumerate(measured):

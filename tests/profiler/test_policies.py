@@ -261,6 +261,9 @@ def test_select_policies_keeps_what_frees_bytes_and_is_not_beaten():
                                  pol("c", 70, 10, 2.6), pol("d", 100, 0, 1.0),
                                  pol("e", 30, 20, 3.0)])
     assert [p.name for p in got] == ["a", "e"]
+    # a backward measured faster than the base's (noise) is raised to it: never a free policy
+    got = select_policies(base, [pol("f", 50, 10, 1.5)])
+    assert [(p.name, p.backward_s) for p in got] == [("f", 2.0)]
 
 
 def _measured(prof, i: int) -> dict[str, int]:
