@@ -246,7 +246,13 @@ def _flash_unavailable(q: torch.Tensor, dropout_p: float) -> str | None:
     cuda = [q.device.index if q.device.index is not None else torch.cuda.current_device()] \
         if q.device.type == "cuda" else []
     keep_rng = torch.random.fork_rng(devices=cuda) if dropout_p > 0 else contextlib.nullcontext()
-    with warnings.catch_warnings(record=True) as caught, keep_rng:
+    # nor may it show in a recording: under a selective checkpoint (a save policy,
+    # profiler/policies.py) the probe's ops would be cached by the first forward and missing from
+    # the recomputation (which finds the probe cached), a mismatch checkpoint refuses
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with warnings.catch_warnings(record=True) as caught, keep_rng, torch.no_grad(), \
+            _disable_current_modes():
         warnings.simplefilter("always")
         try:
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):

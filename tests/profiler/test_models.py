@@ -145,3 +145,22 @@ def test_config_errors():
         GPTConfig(attention="sparse")
     with pytest.raises(ValueError, match="moe_top_k"):
         GPTConfig(moe_experts=2, moe_top_k=3)
+
+
+def test_flash_probe_is_invisible_to_a_selective_checkpoint():
+    # the first forward in a process probes flash attention; recorded under a save policy, the
+    # probe's ops must not be cached (the recomputation finds the probe done and skips them)
+    from memplan.profiler.models import gpt as G
+    from memplan.profiler.policies import recorded
+
+    G._FLASH_PROBE.clear()
+    cfg = G.GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, batch_size=2,
+                      attention="flash")
+    stages, x0 = G.build_gpt(cfg)
+    h = stages[0](x0).detach().requires_grad_()
+    out = recorded(stages[1], h, recompute=["aten.gelu", "aten.native_layer_norm"])
+    (out if torch.is_tensor(out) else out[0]).sum().backward()
+    plain = h.detach().clone().requires_grad_()
+    ref = stages[1](plain)
+    (ref if torch.is_tensor(ref) else ref[0]).sum().backward()
+    assert torch.equal(h.grad, plain.grad)
