@@ -217,6 +217,9 @@ def train_curve(
     initial weights. fp16-mixed uses a GradScaler (init scale 2^10)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ExecutorError(f"steps: expected an integer of at least 1, got {steps!r}")
+    if plan.stage_policies:  # its recompute lists live in the profile, which is not given here
+        raise ExecutorError("plan.stage_policies: a loss curve runs whole-stage plans; plan a "
+                            "profile without save policies (or use run_plan with its profile)")
     param_dtype, ac = policy_autocast(policy)
     stages, x = build(param_dtype)
     params = _params(stages)
