@@ -35,6 +35,12 @@ def run_cmd(
         "--hf-config", help="a Hugging Face causal LM's config.json: build it (random weights), "
         "auto_checkpoint it and run a plain training loop (uses --batch, --seq, --budget, "
         "--strategy, --steps)")] = None,
+    policies: Annotated[bool, typer.Option(
+        "--policies", help="--hf-config: also measure the blocks' save policies (selective "
+        "recompute) so the plan may record blocks under them")] = False,
+    compile_blocks: Annotated[bool, typer.Option(
+        "--compile", help="--hf-config: compile each block (torch.compile per block) and plan on "
+        "the compiled costs")] = False,
     server: ServerOption = None,
 ) -> None:
     """Profile, plan, run and compare a built-in model: predicted against measured.
@@ -47,8 +53,11 @@ def run_cmd(
 
     if hf_config is not None:
         _run_hf(hf_config, batch=batch, seq=seq, budget=budget, strategy=strategy, steps=steps,
-                json_out=json_out)
+                json_out=json_out, policies=policies, compile_blocks=compile_blocks)
         return
+    if policies or compile_blocks:
+        raise ValueError(f"{'--policies' if policies else '--compile'}: only with --hf-config "
+                         "(the built-in models' plans run whole stages)")
 
     spec = RunSpec(model=model, n_layer=n_layer, n_embd=d_model, n_head=n_head, block_size=seq,
                    vocab_size=vocab, batch_size=batch, dropout=dropout,
@@ -98,7 +107,7 @@ def run_cmd(
 
 
 def _run_hf(path: Path, *, batch: int, seq: int, budget: str | None, strategy: str, steps: int,
-            json_out: bool) -> None:
+            json_out: bool, policies: bool = False, compile_blocks: bool = False) -> None:
     """`--hf-config`: executor/install.py's run_hf_config, printed; exit 1 when infeasible or
     when the measured peak is more than 2% from the prediction."""
     from memplan.executor.install import run_hf_config
@@ -107,7 +116,8 @@ def _run_hf(path: Path, *, batch: int, seq: int, budget: str | None, strategy: s
 
     try:
         run = run_hf_config(path, batch_size=batch, seq=seq, strategy=strategy, steps=steps,
-                            budget=parse_bytes(budget, field="--budget") if budget else None)
+                            budget=parse_bytes(budget, field="--budget") if budget else None,
+                            policies=policies, compile=compile_blocks)
     except InfeasiblePlanError as err:
         typer.echo(f"infeasible: {err}", err=True)
         raise typer.Exit(1) from None
@@ -117,6 +127,9 @@ def _run_hf(path: Path, *, batch: int, seq: int, budget: str | None, strategy: s
         out = console()
         out.print(f"{run.model} ({run.n_params:,} parameters), {run.strategy} plan, recomputes "
                   f"stages {run.recomputed}; losses {', '.join(f'{v:.4f}' for v in run.losses)}")
+        if run.stage_policies:
+            out.print("save policies: " + ", ".join(f"stage {i} {p}"
+                                                    for i, p in sorted(run.stage_policies.items())))
         out.print(f"peak activations: {format_bytes(run.predicted_peak_bytes)} predicted, "
                   f"{format_bytes(run.measured_peak_bytes)} measured ({run.peak_error_pct:+.2f}%); "
                   f"store-all {format_bytes(run.store_all_peak_bytes)}")

@@ -109,6 +109,15 @@ def test_memplan_run_hf_config(tmp_path):
     assert out["recomputed"] and len(out["losses"]) == 2
     res = runner.invoke(app, ["run", "--hf-config", str(tmp_path / "missing.json")])
     assert res.exit_code == 2 and "--hf-config" in res.output
+    # with save policies measured: the plan may record blocks under them, still within 2%
+    res = runner.invoke(app, ["run", "--hf-config", str(cfg), "--batch", "2", "--seq", "16",
+                              "--budget", "200KB", "--steps", "1", "--policies", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout[res.stdout.index("{"):])
+    assert out["predicted_peak_bytes"] <= 200_000 and abs(out["peak_error_pct"]) <= 2.0
+    assert "stage_policies" in out
+    res = runner.invoke(app, ["run", "--policies"])
+    assert res.exit_code == 2 and "--hf-config" in res.output
 
 
 def _ddp_rank(rank: int, world: int, tmp: str) -> None:
