@@ -313,16 +313,30 @@ def _one_stage_peak(late, t, x, s, tfr, tfl, tb):
 
 
 @njit(cache=True)
-def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W):
+def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W, H, part, nparts):
     """The frontier of sub-chain st..t (P), or of the late left part Q(st, t) when `late` (NOTE
     [ the recurrence ] in planner/_optimal_dp.py), into the work arrays W = (E, F, S) x (peaks,
-    times, choices), from the frontiers of shorter sub-problems in the pool (PP, PT, PC) at
-    (off, cnt)[kind, s, t] (kind 0: P, 1: Q), from its point in force at `lo` bytes up to `cap`
-    (NOTE [ windows ]). K: the cost arrays. Returns (its length, W): the envelope is W[0..2],
-    arrays that grew are new ones."""
+    times, choices) + the split scratch (`_work`), from the frontiers of shorter sub-problems in
+    the pool (PP, PT, PC) at (off, cnt)[kind, s, t] (kind 0: P, 1: Q), from its point in force at
+    `lo` bytes up to `cap` (NOTE [ windows ]). K: the cost arrays. Only the splits s' with
+    (s' - st - 1) % nparts == part are tried, those listed in H[1:1 + H[0]] first (NOTE [ split
+    order and parts ]); every part tries the records. Returns (its length, W): the envelope is
+    W[0..2], arrays that grew are new ones.
+
+    NOTE [ split order and parts ]
+    The envelope is the lower envelope of every choice's staircase whatever the order they enter
+    it, so the splits may be tried in any order and in parts whose envelopes are merged after:
+    only which choice is kept on an exact tie can differ (never a point; times within 1e-12
+    relative count as ties, as everywhere here). Order matters for speed: a split is walked, and
+    the envelope copied, only where it may beat the envelope so far, so splits that win early
+    prune the rest. The long-chain solver (planner/_optimal_long.py) lists first the splits that
+    won the same sub-problem one stage shorter (on repeated blocks, nearly the same ones win), and
+    splits a wide sub-problem's splits among the threads when a length has too few sub-problems
+    to keep them busy (1,000 identical blocks: 3 a length). `_solve` tries them in ascending
+    order, in one part, as before."""
     x, fn, tff, useful = K[0], K[2], K[5], K[9]
     Ps, Ptfr, Ptfl, Ptb, Pf, Pb, npol = K[10], K[11], K[12], K[13], K[14], K[15], K[16]
-    Ep, Et, Ec, Fp, Ft, Fc, Sp, St, Sc = W
+    Ep, Et, Ec, Fp, Ft, Fc, Sp, St, Sc, FW, FS, MK = W
     own = 1 if late else 0  # the family of the right parts and the record's child
     hold = _hold(late, t, x, K[4])  # a late part's stage t+1 has one policy: its base record
     xs = x[st - 1]
@@ -372,14 +386,33 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W):
             Ec, Fc = Fc, Ec
     # splits at s': F s..s'-1 keeping a_{s'-1}, the right part s'..t, then the left part s..s'-1
     # plain (choice s') or, where it can help, late (choice -s')
+    # (FW, FS: each split's forward peak and no-grad forward seconds, MK: tried, by s' - st - 1)
     fwd = 0
     fsum = 0.0
+    spmax = st
     for sp in range(st + 1, t + 1):
         k = sp - 1
         fwd = max(fwd, xs + hold + (x[k - 1] if k > st else 0) + x[k] + tff[k])
         fsum += fn[k]
         if fwd > cap:
             break  # the forward's peak only grows with s'
+        FW[sp - st - 1] = fwd
+        FS[sp - st - 1] = fsum
+        MK[sp - st - 1] = False
+        spmax = sp
+    nh = H[0]
+    for it in range(nh + spmax - st):  # the listed splits, then the others ascending
+        if it < nh:
+            sp = H[1 + it]
+            if sp <= st or sp > spmax or (sp - st - 1) % nparts != part or MK[sp - st - 1]:
+                continue
+            MK[sp - st - 1] = True
+        else:
+            sp = st + 1 + it - nh
+            if (sp - st - 1) % nparts != part or MK[sp - st - 1]:
+                continue
+        fwd = FW[sp - st - 1]
+        fsum = FS[sp - st - 1]
         nR = cnt[own, sp, t]
         if nR == 0:
             continue
@@ -421,14 +454,17 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W):
         Ep[:ne] = Ep[k:k + ne].copy()
         Et[:ne] = Et[k:k + ne].copy()
         Ec[:ne] = Ec[k:k + ne].copy()
-    return ne, (Ep, Et, Ec, Fp, Ft, Fc, Sp, St, Sc)
+    return ne, (Ep, Et, Ec, Fp, Ft, Fc, Sp, St, Sc, FW, FS, MK)
 
 
 @njit(cache=True)
-def _work(n):
+def _work(n, L):
+    """`_subchain`'s work arrays: three staircases of n points, and its split scratch for L
+    stages."""
     return (np.empty(n, np.int64), np.empty(n, np.float64), np.empty(n, np.int64),
             np.empty(n, np.int64), np.empty(n, np.float64), np.empty(n, np.int64),
-            np.empty(n, np.int64), np.empty(n, np.float64), np.empty(n, np.int64))
+            np.empty(n, np.int64), np.empty(n, np.float64), np.empty(n, np.int64),
+            np.empty(L, np.int64), np.empty(L, np.float64), np.zeros(L, np.bool_))
 
 
 @njit(cache=True)
@@ -476,14 +512,15 @@ def _stage(w, late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, g
     useful = K[9]
     kind = 1 if late else 0
     n = useful.shape[0] - 1 - d
-    W = _work(width)
+    W = _work(width, useful.shape[0])
+    H = np.zeros(1, np.int64)  # no splits listed first: ascending (NOTE [ split order and parts ])
     for idx in range(w, n, n_workers):
         st = idx + 1
         t = st + d - kind
         if late and (t < st or not useful[t]):
             gN[idx] = 0
             continue
-        ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt, PP, PT, PC, W)
+        ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt, PP, PT, PC, W, H, 0, 1)
         if ne <= width:
             gP[idx, :ne] = W[0][:ne]
             gT[idx, :ne] = W[1][:ne]
@@ -524,6 +561,32 @@ def _widen(g, width, n):
 
 
 @njit(cache=True)
+def _restage(late, d, rows, width, K, cap, lo, off, cnt, PP, PT, PC, gP, gT, gC, gN, row_st,
+             row_part, nparts):
+    """Staging rows 0..rows-1 that came back too wide (-1 in gN), solved again one at a time into
+    rows widened to fit; row r holds part row_part[r] of `nparts` of the sub-problem that starts
+    at row_st[r], of length d (P(st, st+d), or Q(st, st+d-1) when `late`). Returns the width
+    (points) and the staging arrays (gP, gT, gC), new ones if widened."""
+    kind = 1 if late else 0
+    H = np.zeros(1, np.int64)
+    for r in range(rows):
+        if gN[r] >= 0:
+            continue
+        st = row_st[r]
+        t = st + d - kind
+        ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt, PP, PT, PC,
+                          _work(width, K[0].shape[0]), H, row_part[r], nparts)
+        if ne > width:
+            width = max(2 * width, ne)
+            gP, gT, gC = _widen((gP, gT, gC), width, rows)
+        gP[r, :ne] = W[0][:ne]
+        gT[r, :ne] = W[1][:ne]
+        gC[r, :ne] = W[2][:ne]
+        gN[r] = ne
+    return width, gP, gT, gC
+
+
+@njit(cache=True)
 def _solve(K, cap, windowed, n_workers, width):
     """All sub-problems by length (each needs only shorter ones, and P(s, s+d) also Q(s, s+d-1)),
     those of one length and kind in parallel: each worker writes its frontiers to a staging row
@@ -541,6 +604,8 @@ def _solve(K, cap, windowed, n_workers, width):
     gP, gT, gC = _staging(L, width)
     gN = np.zeros(L, np.int64)
     at = np.zeros(L, np.int64)
+    row_st = np.arange(1, L + 1)  # staging row idx: the sub-problem that starts at idx + 1
+    row_part = np.zeros(L, np.int64)
     any_late = False
     for j in range(L + 1):
         any_late = any_late or useful[j]
@@ -553,19 +618,8 @@ def _solve(K, cap, windowed, n_workers, width):
             late = kind == 1
             _one_length(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers,
                         gP, gT, gC, gN)
-            for idx in range(n):
-                if gN[idx] < 0:  # too wide for the staging row: again, alone, into wider rows
-                    st = idx + 1
-                    t = st + d - kind
-                    ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt,
-                                      PP, PT, PC, _work(width))
-                    if ne > width:
-                        width = max(2 * width, ne)
-                        gP, gT, gC = _widen((gP, gT, gC), width, n)
-                    gP[idx, :ne] = W[0][:ne]
-                    gT[idx, :ne] = W[1][:ne]
-                    gC[idx, :ne] = W[2][:ne]
-                    gN[idx] = ne
+            width, gP, gT, gC = _restage(late, d, n, width, K, cap, lo, off, cnt, PP, PT, PC,
+                                         gP, gT, gC, gN, row_st, row_part, 1)
             biggest = 0
             for idx in range(n):
                 at[idx] = used

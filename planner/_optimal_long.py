@@ -44,16 +44,18 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-from memplan.planner._optimal_dp import RECORD, Costs, build_ops
+from memplan.planner._optimal_dp import POLICY_BASE, RECORD, Costs, build_ops
 from memplan.planner._optimal_kernel import (
     _BIG,
     _LAUNCH,
     _NO_CAP,
     _arrays,
     _grow3,
+    _last_le,
+    _merge_env,
+    _restage,
     _staging,
     _subchain,
-    _widen,
     _work,
     get_num_threads,
     njit,
@@ -172,36 +174,110 @@ def _windows_long(x, s, useful, cap, windowed, status, rep):
     return lo
 
 
-@njit(cache=True, parallel=True)
-def _solve_set(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN, todo):
-    """The sub-problems of length d (P(s, s+d), or Q(s, s+d-1) when `late`) marked in `todo`,
-    `n_workers` at a time, into staging rows (as the kernel's `_one_length`; -1 in gN: too wide)."""
-    kind = 1 if late else 0
-    n = todo.shape[0]
-    for w in prange(n_workers):
-        W = _work(width)
-        for idx in range(w, n, n_workers):
-            if not todo[idx]:
-                gN[idx] = 0
+@njit(cache=True)
+def _hints(kind, st, t, off, cnt, PC, status, rep, H):
+    """H[1:1 + H[0]]: the splits s' (absolute, for st) that the sub-problem one stage shorter
+    chose, (kind, st, t-1) and (kind, st+1, t), shifted from their class's first member (NOTE
+    [ split order and parts ] in planner/_optimal_kernel.py); at most H.shape[0] - 1."""
+    nh = 0
+    for src in range(2):
+        a = st + src
+        b = t - 1 + src
+        if b < a:
+            continue
+        code = status[kind, a, b]
+        if code != SOLVE and code != ALIAS:
+            continue
+        shift = a - (rep[kind, a, b] if code == ALIAS else a)
+        last = 0
+        o = off[kind, a, b]
+        for q in range(o, o + cnt[kind, a, b]):
+            c = PC[q]
+            if c == last:
                 continue
-            st = idx + 1
-            t = st + d - kind
-            ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt, PP, PT, PC, W)
-            if ne <= width:
-                gP[idx, :ne] = W[0][:ne]
-                gT[idx, :ne] = W[1][:ne]
-                gC[idx, :ne] = W[2][:ne]
-                gN[idx] = ne
+            last = c
+            if c > 0:
+                sp = c + shift
+            elif c < 0 and c > POLICY_BASE:
+                sp = -c + shift
             else:
-                gN[idx] = -1
+                continue  # a record
+            if nh + 1 < H.shape[0]:
+                H[1 + nh] = sp
+                nh += 1
+    H[0] = nh
+
+
+@njit(cache=True, parallel=True)
+def _solve_set(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN,
+               rows, row_st, row_part, nparts, status, rep):
+    """Staging rows 0..rows-1, `n_workers` at a time: row r part row_part[r] of `nparts` of the
+    sub-problem of length d that starts at row_st[r] (P(s, s+d), or Q(s, s+d-1) when `late`),
+    its predecessors' splits first (`_hints`); -1 in gN: too wide for the row."""
+    kind = 1 if late else 0
+    L = K[0].shape[0]
+    for w in prange(n_workers):
+        W = _work(width, L)
+        H = np.zeros(2 * L + 2, np.int64)
+        for r in range(w, rows, n_workers):
+            st = row_st[r]
+            t = st + d - kind
+            _hints(kind, st, t, off, cnt, PC, status, rep, H)
+            ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt, PP, PT, PC, W, H,
+                              row_part[r], nparts)
+            if ne <= width:
+                gP[r, :ne] = W[0][:ne]
+                gT[r, :ne] = W[1][:ne]
+                gC[r, :ne] = W[2][:ne]
+                gN[r] = ne
+            else:
+                gN[r] = -1
+
+
+@njit(cache=True)
+def _parts_merged(gP, gT, gC, gN, r0, nparts, lo):
+    """The envelope of staging rows r0..r0+nparts-1 (one sub-problem's parts, NOTE [ split order
+    and parts ] in planner/_optimal_kernel.py) from its point in force at `lo` bytes: (peaks,
+    times, choices, length). On exact ties the lower row wins."""
+    n = 0
+    for p in range(nparts):
+        n += gN[r0 + p]
+    Ep = np.empty(n + 1, np.int64)
+    Et = np.empty(n + 1, np.float64)
+    Ec = np.empty(n + 1, np.int64)
+    Fp = np.empty(n + 1, np.int64)
+    Ft = np.empty(n + 1, np.float64)
+    Fc = np.empty(n + 1, np.int64)
+    ne = gN[r0]
+    Ep[:ne] = gP[r0, :ne]
+    Et[:ne] = gT[r0, :ne]
+    Ec[:ne] = gC[r0, :ne]
+    for p in range(1, nparts):
+        ns = gN[r0 + p]
+        if ns == 0:
+            continue
+        if ne == 0:
+            Ep[:ns] = gP[r0 + p, :ns]
+            Et[:ns] = gT[r0 + p, :ns]
+            Ec[:ns] = gC[r0 + p, :ns]
+            ne = ns
+            continue
+        ne = _merge_env(Ep, Et, Ec, ne, gP[r0 + p], gT[r0 + p], gC[r0 + p], ns, Fp, Ft, Fc)
+        Ep, Fp = Fp, Ep
+        Et, Ft = Ft, Et
+        Ec, Fc = Fc, Ec
+    k = max(0, _last_le(Ep, 0, ne, lo))  # the point in force at lo, as `_subchain` keeps
+    return Ep[k:ne], Et[k:ne], Ec[k:ne], ne - k
 
 
 @njit(cache=True)
 def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum):
     """The kernel's `_solve` over the sub-problems `status` marks: SOLVE ones solved (exactly),
     ALIAS ones pointed at their class's first member `rep`, OPTIMISTIC ones given the one point
-    (fl, fbsum) (NOTE [ banded DP and its certificate ]), SKIP ones left empty. Returns the pool
-    (off, cnt, peaks, times, choices) like `_solve`."""
+    (fl, fbsum) (NOTE [ banded DP and its certificate ]), SKIP ones left empty. A length with
+    fewer than 4 x n_workers sub-problems to solve has each one's splits split among the workers
+    (NOTE [ split order and parts ] in planner/_optimal_kernel.py). Returns the pool (off, cnt,
+    peaks, times, choices) like `_solve`."""
     x, useful = K[0], K[9]
     L = x.shape[0] - 1
     lo = _windows_long(x, K[4], useful, cap, windowed, status, rep)
@@ -211,8 +287,11 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum):
     PT = np.empty(1 << 16, np.float64)
     PC = np.empty(1 << 16, np.int64)
     used = 0
-    gP, gT, gC = _staging(L, width)
-    gN = np.zeros(L, np.int64)
+    nrows = max(L, 4 * n_workers * n_workers)
+    gP, gT, gC = _staging(nrows, width)
+    gN = np.zeros(nrows, np.int64)
+    row_st = np.zeros(nrows, np.int64)
+    row_part = np.zeros(nrows, np.int64)
     for d in range(L):
         n = L - d
         for phase in range(2):
@@ -220,45 +299,49 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum):
             if kind == 1 and d == 0:
                 continue
             late = kind == 1
-            todo = np.zeros(n, np.bool_)
+            m = 0  # the sub-problems to solve, one row each
             for idx in range(n):
                 st = idx + 1
                 t = st + d - kind
-                todo[idx] = t >= st and status[kind, st, t] == SOLVE
-            _solve_set(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers,
-                       gP, gT, gC, gN, todo)
-            for idx in range(n):
-                if gN[idx] < 0:  # too wide for the staging row: again, alone, into wider rows
-                    st = idx + 1
-                    t = st + d - kind
-                    ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt,
-                                      PP, PT, PC, _work(width))
-                    if ne > width:
-                        width = max(2 * width, ne)
-                        gP, gT, gC = _widen((gP, gT, gC), width, n)
-                    gP[idx, :ne] = W[0][:ne]
-                    gT[idx, :ne] = W[1][:ne]
-                    gC[idx, :ne] = W[2][:ne]
-                    gN[idx] = ne
+                if t >= st and status[kind, st, t] == SOLVE:
+                    row_st[m] = st
+                    m += 1
+            nparts = n_workers if 0 < m < 4 * n_workers and d > 0 else 1
+            for r in range(m - 1, -1, -1):  # row r * nparts + p: part p of the r-th
+                for p in range(nparts - 1, -1, -1):
+                    row_st[r * nparts + p] = row_st[r]
+                    row_part[r * nparts + p] = p
+            rows = m * nparts
+            _solve_set(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, gT, gC,
+                       gN, rows, row_st, row_part, nparts, status, rep)
+            width, gP, gT, gC = _restage(late, d, rows, width, K, cap, lo, off, cnt, PP, PT, PC,
+                                         gP, gT, gC, gN, row_st, row_part, nparts)
             biggest = 0
+            for r in range(m):
+                st = row_st[r * nparts]
+                t = st + d - kind
+                if nparts == 1:
+                    ne = gN[r]
+                    Rp, Rt, Rc = gP[r, :ne], gT[r, :ne], gC[r, :ne]
+                else:
+                    Rp, Rt, Rc, ne = _parts_merged(gP, gT, gC, gN, r * nparts, nparts,
+                                                   lo[kind, st, t])
+                PP, PT, PC = _grow3(PP, PT, PC, used + ne + 1)
+                PP[used:used + ne] = Rp
+                PT[used:used + ne] = Rt
+                PC[used:used + ne] = Rc
+                PP[used + ne] = _BIG
+                off[kind, st, t] = used
+                cnt[kind, st, t] = ne
+                used += ne + 1
+                biggest = max(biggest, ne)
             for idx in range(n):
                 st = idx + 1
                 t = st + d - kind
                 if t < st:
                     continue
                 code = status[kind, st, t]
-                if code == SOLVE:
-                    ne = gN[idx]
-                    PP, PT, PC = _grow3(PP, PT, PC, used + ne + 1)
-                    PP[used:used + ne] = gP[idx, :ne]
-                    PT[used:used + ne] = gT[idx, :ne]
-                    PC[used:used + ne] = gC[idx, :ne]
-                    PP[used + ne] = _BIG
-                    off[kind, st, t] = used
-                    cnt[kind, st, t] = ne
-                    used += ne + 1
-                    biggest = max(biggest, ne)
-                elif code == ALIAS:  # its class's first member is earlier in this length
+                if code == ALIAS:  # its class's first member is earlier in this length
                     r = rep[kind, st, t]
                     off[kind, st, t] = off[kind, r, t - (st - r)]
                     cnt[kind, st, t] = cnt[kind, r, t - (st - r)]
@@ -273,7 +356,7 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum):
                     used += 2
             if 2 * biggest > width:
                 width = 2 * biggest
-                gP, gT, gC = _staging(L, width)
+                gP, gT, gC = _staging(nrows, width)
     return off, cnt, PP[:used].copy(), PT[:used].copy(), PC[:used].copy()
 
 
@@ -342,11 +425,13 @@ def _status(c: Costs, rep: np.ndarray | None, width: int | None, optimistic: boo
 
 
 def solve_long(c: Costs, *, cap: int | None, width: int | None = None, optimistic: bool = False,
-               memo: bool = False, windowed: bool = True) -> LongFrontiers:
+               memo: bool = False, windowed: bool = True, _workers: int | None = None,
+               _width: int = 256) -> LongFrontiers:
     """Frontiers of the sub-problems of a band of `width` stages (None: all, exact), memoised by
     content when `memo` (NOTE [ memoised by content ]); `optimistic`: the band's lower run (NOTE
     [ banded DP and its certificate ]), else its upper run. `windowed` (with a cap) as in
-    `solve_compiled`. Returns `LongFrontiers` (bytes, seconds)."""
+    `solve_compiled`. `_workers` (default: numba's threads) and `_width` (the staging rows'
+    first width, points) are for tests. Returns `LongFrontiers` (bytes, seconds)."""
     L = c.L
     rep = content_classes(c) if memo else None
     if width is not None and width >= L:
@@ -366,7 +451,8 @@ def solve_long(c: Costs, *, cap: int | None, width: int | None = None, optimisti
     rep_arr = rep if rep is not None else np.zeros((2, L + 2, L + 1), np.int64)
     with _LAUNCH:
         off, cnt, P, T, C = _solve_long(K, cap_i, windowed and cap is not None,
-                                        max(1, get_num_threads()), 256, status, rep_arr, fl, fbsum)
+                                        _workers or max(1, get_num_threads()), _width, status,
+                                        rep_arr, fl, fbsum)
     return LongFrontiers(c, cap, off, cnt, P, T, C, rep)
 
 

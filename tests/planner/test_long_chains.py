@@ -74,6 +74,20 @@ def test_memoised_by_content_equals_the_exact_dp(n_blocks, seed, kinds):
     assert full == solve_compiled(c).top()
 
 
+@pytest.mark.parametrize(("n_blocks", "seed", "workers", "width"), [(150, 7, 2, 256), (120, 8, 3, 2)])
+def test_memo_in_parts_equals_the_exact_dp_on_long_chains(n_blocks, seed, workers, width):
+    # 3 sub-problems a length: each one's splits are split among the workers, tried in the order
+    # the sub-problem one stage shorter chose them, and merged (NOTE [ split order and parts ]);
+    # width 2 re-stages nearly every row (`_restage`) part by part
+    prof = _blocks(n_blocks, seed)
+    c = costs_of(prof)
+    for cap in _budgets(c, 3)[1:]:
+        memo = solve_long(c, cap=cap, memo=True, _workers=workers, _width=width).top()
+        assert (memo[0][-1], memo[1][-1]) == _exact_point(c, cap)
+    full = solve_long(c, cap=None, memo=True, _workers=workers, _width=width).top()
+    assert full == solve_compiled(c).top()
+
+
 def test_content_classes_of_identical_blocks():
     prof = _blocks(20, 3)
     rep = content_classes(costs_of(prof))
