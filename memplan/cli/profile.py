@@ -69,6 +69,9 @@ def profile_cmd(
     sp: Annotated[bool, typer.Option("--sp", help="--hf-config --analytic: sequence parallelism "
                                      "with --tp")] = False,
     cp: Annotated[int, typer.Option(help="--hf-config --analytic: context-parallel degree")] = 1,
+    policies: Annotated[bool, typer.Option(
+        "--policies", help="measured profiles: also measure each stage's save policies "
+        "(selective recompute: docs/chain-model.md section 10.8)")] = False,
     server: ServerOption = None,
 ) -> None:
     """Profile a built-in model: per-stage times, bytes and FLOPs (see docs/profiler.md)."""
@@ -76,7 +79,7 @@ def profile_cmd(
         prof = _hf_profile(hf_config, analytic=analytic, seq=seq, batch=batch, precision=precision,
                            attention=attention, device=device, optimizer=optimizer,
                            flops_per_s=flops_per_s, repeats=repeats, warmup=warmup, name=name,
-                           parallel={"tp": tp, "sp": sp, "cp": cp},
+                           parallel={"tp": tp, "sp": sp, "cp": cp}, policies=policies,
                            others={"--model": model if model != "gpt" else None, "--preset": preset,
                                    "--n-layer": n_layer, "--d-model": d_model, "--n-head": n_head,
                                    "--vocab": vocab, "--dtype": dtype, "--autocast": autocast,
@@ -130,11 +133,17 @@ def profile_cmd(
         if precision is not None:
             raise ValueError("--precision: the server's profile route takes no policy yet; "
                              "profile locally (leave out --server)")
+        if policies:
+            raise ValueError("--policies: the server's profile route measures no save policies "
+                             "yet; profile locally (leave out --server)")
         job = remote(server).profile({"model": model, "config": fields, "analytic": analytic,
                                       "repeats": repeats, "warmup": warmup, "timing": timing,
                                       "device": device})
         prof = Profile.model_validate(finished_result(job))
     elif analytic:
+        if policies:
+            raise ValueError("--policies: save policies are measured, not derived; leave out "
+                             "--analytic")
         from memplan.profiler.analytic import conv_analytic_profile, gpt_analytic_profile
 
         fn = gpt_analytic_profile if model == "gpt" else conv_analytic_profile
@@ -142,7 +151,7 @@ def profile_cmd(
                   precision=precision)
     else:
         prof = _measure(model, cfg, device=device, repeats=repeats, warmup=warmup, timing=timing,
-                        optimizer=optimizer, autocast=autocast, name=name)
+                        optimizer=optimizer, autocast=autocast, name=name, policies=policies)
     _emit(prof, out, json_out)
 
 
@@ -157,7 +166,7 @@ def _emit(prof, out: Path | None, json_out: bool) -> None:
 
 
 def _hf_profile(path: Path, *, analytic, seq, batch, precision, attention, device, optimizer,
-                flops_per_s, repeats, warmup, name, others, parallel=None):
+                flops_per_s, repeats, warmup, name, others, parallel=None, policies=False):
     """The profile of the Hugging Face decoder `path` describes: analytic
     (memplan.profiler.hf_config.hf_analytic_profile) or measured on a model built from it."""
     from memplan.cli._app import read_json
@@ -178,6 +187,9 @@ def _hf_profile(path: Path, *, analytic, seq, batch, precision, attention, devic
         defaults = {"tp": 1, "sp": False, "cp": 1}
         split = {k: v for k, v in (parallel or {}).items() if v != defaults[k]}
         if analytic:
+            if policies:
+                raise ValueError("--policies: save policies are measured, not derived; leave out "
+                                 "--analytic")
             return hf.hf_analytic_profile(cfg, flops_per_s=flops_per_s, device=device, **kw, **split)
         if split:
             raise ValueError(f"--{next(iter(split))}: one GPU's share is derived, not measured; "
@@ -187,7 +199,8 @@ def _hf_profile(path: Path, *, analytic, seq, batch, precision, attention, devic
 
             if not torch.cuda.is_available():
                 raise ValueError("--device: CUDA is not available on this machine; use --device cpu")
-        return hf.measure_hf_config(cfg, device=device, repeats=repeats, warmup=warmup, **kw)
+        return hf.measure_hf_config(cfg, device=device, repeats=repeats, warmup=warmup,
+                                    policies=policies, **kw)
     except ValueError as err:
         text = str(err)
         for field, option in (("seq_len", "--seq"), ("batch_size", "--batch"), ("attention", "--attention"),
@@ -222,7 +235,8 @@ def _policy_dtypes(precision: str | None, dtype: str | None,
     return param, want
 
 
-def _measure(model, cfg, *, device, repeats, warmup, timing, optimizer, autocast, name):
+def _measure(model, cfg, *, device, repeats, warmup, timing, optimizer, autocast, name,
+             policies=False):
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -248,6 +262,7 @@ def _measure(model, cfg, *, device, repeats, warmup, timing, optimizer, autocast
         return profile_chain(
             stages, x, device=device, repeats=repeats, warmup=warmup, timing=timing,
             optimizer=optimizer, autocast_dtype=autocast, name=label, progress=progress,
+            policies=policies,
         )
 
 

@@ -117,3 +117,16 @@ def test_hf_config_parallel_share_is_the_librarys(tmp_path):
         assert res.exit_code == 2 and field in res.output, res.output
     res = runner.invoke(app, ["profile", "--tp", "2"])
     assert res.exit_code == 2 and "--hf-config" in res.output
+
+
+def test_policies_flag_measures_save_policies(tmp_path):
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["profile", *TINY, "--repeats", "1", "--warmup", "0", "--policies",
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = json.loads(out.read_text())
+    blocks = [la for la in prof["layers"] if la["kind"] == "block"]
+    assert blocks and all(la["policies"] for la in blocks)
+    assert all(p["saved_bytes"] < la["saved_bytes"] for la in blocks for p in la["policies"])
+    res = runner.invoke(app, ["profile", *TINY, "--analytic", "--policies"])
+    assert res.exit_code == 2 and "--policies" in res.output
