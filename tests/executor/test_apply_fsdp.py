@@ -103,7 +103,8 @@ def test_fully_shard_two_gloo_processes(tmp_path):
     """FSDP2 on 2 gloo processes: on each rank the installed plan's full gradients equal the
     unplanned sharded model's, bitwise, and so do its loss curve and parameters after STEPS AdamW
     steps. Memory: FSDP's own bytes in the forward (the all-gathered parameters) are the same with
-    the plan and without it (within 1%), so the plan's forward saving survives sharding; the
+    the plan and without it (within 1%), so the plan's forward saving survives sharding, and the
+    forward's activations less those bytes are within the predicted peak; the
     whole step's peak is not compared with the prediction (docs/apply.md, "FSDP2": FSDP's
     unsharded parameters and gradients are step-time allocations the chain model counts as fixed
     and whole, recomputes all-gather again inside the backward, and some of FSDP's buffers are
@@ -123,4 +124,7 @@ def test_fully_shard_two_gloo_processes(tmp_path):
         # 2026-12-05; the 256 bytes not traced)
         fsdp_plan, fsdp_ref = plan_sharded - plan_unsharded, ref_sharded - ref_unsharded
         assert fsdp_ref > 0 and abs(fsdp_plan - fsdp_ref) <= 0.01 * fsdp_ref, out["forward_peaks"]
+        # the rank's forward activations (its sharded forward peak less FSDP's forward bytes, as
+        # the unplanned model measured them) within the plan's predicted peak
+        assert plan_sharded - fsdp_ref <= out["predicted"], (out["forward_peaks"], out["predicted"])
         assert out["plan_step_peak"] < out["ref_step_peak"], out
