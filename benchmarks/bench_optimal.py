@@ -5,7 +5,10 @@ against exact at 100 and 200 stages, and the long-chain table: "auto" (memo or b
 and transformer-like chains of 300, 500 and 1,000 stages at 10%, 20% and 40% of the store-all peak,
 each plan's time, mode, certified gap and its time against the exact optimum kept in
 benchmarks/data/optimal_exact.json (benchmarks/bench_optimal_exact.py computes those once). Run:
-    .venv/bin/python benchmarks/bench_optimal.py [--quick] [--long-only]
+    .venv/bin/python benchmarks/bench_optimal.py [--quick] [--long-only] [--blocks-only]
+(--blocks-only: the long table's transformer-like chains alone, memo mode, about a minute; run it
+also with NUMBA_NUM_THREADS=1 for one thread's wall time, which a shared machine's load inflates
+less than two threads').
 Prints tables and writes benchmarks/results/bench_optimal.json. Results: docs/planner.md.
 """
 
@@ -54,10 +57,10 @@ LONG_LENGTHS = (300, 500, 1000)  # the long-chain table's lengths (stages)
 LONG_FRACS = (0.1, 0.2, 0.4)  # its budgets, fractions of the store-all peak
 
 
-def long_chains(L: int) -> list[Profile]:
+def long_chains(L: int, blocks_only: bool = False) -> list[Profile]:
     """The long-chain table's chains at L stages: random (MiB sizes, seed L) and transformer-like
-    (L-2 identical blocks between an embedding and a head)."""
-    return [slot_chain(L, seed=L), gpt_chain(L)]
+    (L-2 identical blocks between an embedding and a head); `blocks_only`: the second alone."""
+    return [gpt_chain(L)] if blocks_only else [slot_chain(L, seed=L), gpt_chain(L)]
 
 
 def store_all_peak(prof: Profile) -> int:
@@ -87,7 +90,7 @@ def budgets(prof: Profile, fracs=(0.05, 0.15, 0.3)) -> list[int]:
     return [int(least + f * (top - least)) for f in fracs]
 
 
-def long_table(rows: list, lengths=LONG_LENGTHS) -> None:
+def long_table(rows: list, lengths=LONG_LENGTHS, blocks_only: bool = False) -> None:
     """The long-chain table (module docstring): one "auto" plan per chain and budget, timed."""
     from memplan.planner._optimal_long import solve_long
 
@@ -99,7 +102,7 @@ def long_table(rows: list, lengths=LONG_LENGTHS) -> None:
     print(f"\n{'chain':10} {'L':>5} {'budget':>6} {'mode':>7} {'plan s':>7} {'cpu s':>6} "
           f"{'cert. gap':>9} {'vs exact':>9} {'exact s':>8}")
     for L in lengths:
-        for prof in long_chains(L):
+        for prof in long_chains(L, blocks_only):
             top = store_all_peak(prof)
             for frac in LONG_FRACS:
                 B = int(frac * top)
@@ -110,6 +113,7 @@ def long_table(rows: list, lengths=LONG_LENGTHS) -> None:
                 vs = plan.predicted.time_s / ex["time_s"] - 1 if ex and ex["time_s"] else None
                 gap = plan.options.get("optimality_gap")
                 rows.append(dict(kind="long", chain=prof.name, L=L, frac=frac, budget_bytes=B,
+                                 numba_threads=get_num_threads(),
                                  mode=plan.options["mode"], band=plan.options.get("band"),
                                  plan_s=t, cpu_s=cpu, load_avg=os.getloadavg()[0], gap=gap,
                                  lower_bound_s=plan.options.get("lower_bound_s"),
@@ -129,8 +133,8 @@ def main() -> None:
     _, t_jit = timed(lambda: solve_compiled(costs_of(slot_chain(4, 0))))
     print(f"kernel compile or cache load: {t_jit:.2f} s (once per process)")
     rows.append(dict(kind="jit", seconds=t_jit))
-    if "--long-only" in sys.argv:
-        long_table(rows, (300,) if quick else LONG_LENGTHS)
+    if "--long-only" in sys.argv or "--blocks-only" in sys.argv:
+        long_table(rows, (300,) if quick else LONG_LENGTHS, "--blocks-only" in sys.argv)
         _write(rows)
         return
 

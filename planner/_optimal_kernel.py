@@ -313,27 +313,27 @@ def _one_stage_peak(late, t, x, s, tfr, tfl, tb):
 
 
 @njit(cache=True)
-def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W, H, part, nparts):
+def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W, H):
     """The frontier of sub-chain st..t (P), or of the late left part Q(st, t) when `late` (NOTE
     [ the recurrence ] in planner/_optimal_dp.py), into the work arrays W = (E, F, S) x (peaks,
     times, choices) + the split scratch (`_work`), from the frontiers of shorter sub-problems in
     the pool (PP, PT, PC) at (off, cnt)[kind, s, t] (kind 0: P, 1: Q), from its point in force at
-    `lo` bytes up to `cap` (NOTE [ windows ]). K: the cost arrays. Only the splits s' with
-    (s' - st - 1) % nparts == part are tried, those listed in H[1:1 + H[0]] first (NOTE [ split
-    order and parts ]); every part tries the records. Returns (its length, W): the envelope is
-    W[0..2], arrays that grew are new ones.
+    `lo` bytes up to `cap` (NOTE [ windows ]). K: the cost arrays. The splits listed in
+    H[1:1 + H[0]] are tried first, then the others ascending (NOTE [ split order and parts ]).
+    Returns (its length, W): the envelope is W[0..2], arrays that grew are new ones.
 
     NOTE [ split order and parts ]
     The envelope is the lower envelope of every choice's staircase whatever the order they enter
-    it, so the splits may be tried in any order and in parts whose envelopes are merged after:
-    only which choice is kept on an exact tie can differ (never a point; times within 1e-12
-    relative count as ties, as everywhere here). Order matters for speed: a split is walked, and
-    the envelope copied, only where it may beat the envelope so far, so splits that win early
-    prune the rest. The long-chain solver (planner/_optimal_long.py) lists first the splits that
-    won the same sub-problem one stage shorter (on repeated blocks, nearly the same ones win), and
-    splits a wide sub-problem's splits among the threads when a length has too few sub-problems
-    to keep them busy (1,000 identical blocks: 3 a length). `_solve` tries them in ascending
-    order, in one part, as before."""
+    it, so the splits may be tried in any order: only which choice is kept on an exact tie can
+    differ (never a point; times within 1e-12 relative count as ties, as everywhere here). Order
+    matters for speed: a split is walked, and the envelope copied, only where it may beat the
+    envelope so far, so splits that win early prune the rest. And the envelope at m depends only
+    on the choices' points at or below m, so a frontier can be built in parts over memory ranges
+    [lo, m1), [m1, m2), ..., [mk, cap] (each part a window: NOTE [ windows ]) and the parts
+    merged. The long-chain solver (planner/_optimal_long.py) lists first the splits that won the
+    same sub-problem one stage shorter (on repeated blocks nearly the same ones win), and, when a
+    length has too few sub-problems to keep the threads busy (1,000 identical blocks: 3 a length),
+    builds each one in as many memory ranges as threads. `_solve` lists none and uses no parts."""
     x, fn, tff, useful = K[0], K[2], K[5], K[9]
     Ps, Ptfr, Ptfl, Ptb, Pf, Pb, npol = K[10], K[11], K[12], K[13], K[14], K[15], K[16]
     Ep, Et, Ec, Fp, Ft, Fc, Sp, St, Sc, FW, FS, MK = W
@@ -404,12 +404,12 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W, H, part, nparts)
     for it in range(nh + spmax - st):  # the listed splits, then the others ascending
         if it < nh:
             sp = H[1 + it]
-            if sp <= st or sp > spmax or (sp - st - 1) % nparts != part or MK[sp - st - 1]:
+            if sp <= st or sp > spmax or MK[sp - st - 1]:
                 continue
             MK[sp - st - 1] = True
         else:
             sp = st + 1 + it - nh
-            if (sp - st - 1) % nparts != part or MK[sp - st - 1]:
+            if MK[sp - st - 1]:
                 continue
         fwd = FW[sp - st - 1]
         fsum = FS[sp - st - 1]
@@ -520,7 +520,7 @@ def _stage(w, late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, g
         if late and (t < st or not useful[t]):
             gN[idx] = 0
             continue
-        ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt, PP, PT, PC, W, H, 0, 1)
+        ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt, PP, PT, PC, W, H)
         if ne <= width:
             gP[idx, :ne] = W[0][:ne]
             gT[idx, :ne] = W[1][:ne]
@@ -561,12 +561,12 @@ def _widen(g, width, n):
 
 
 @njit(cache=True)
-def _restage(late, d, rows, width, K, cap, lo, off, cnt, PP, PT, PC, gP, gT, gC, gN, row_st,
-             row_part, nparts):
+def _restage(late, d, rows, width, K, off, cnt, PP, PT, PC, gP, gT, gC, gN, row_st, row_lo,
+             row_cap):
     """Staging rows 0..rows-1 that came back too wide (-1 in gN), solved again one at a time into
-    rows widened to fit; row r holds part row_part[r] of `nparts` of the sub-problem that starts
-    at row_st[r], of length d (P(st, st+d), or Q(st, st+d-1) when `late`). Returns the width
-    (points) and the staging arrays (gP, gT, gC), new ones if widened."""
+    rows widened to fit; row r holds the frontier, on the window row_lo[r]..row_cap[r] bytes, of
+    the sub-problem of length d that starts at row_st[r] (P(st, st+d), or Q(st, st+d-1) when
+    `late`). Returns the width (points) and the staging arrays (gP, gT, gC), new if widened."""
     kind = 1 if late else 0
     H = np.zeros(1, np.int64)
     for r in range(rows):
@@ -574,8 +574,8 @@ def _restage(late, d, rows, width, K, cap, lo, off, cnt, PP, PT, PC, gP, gT, gC,
             continue
         st = row_st[r]
         t = st + d - kind
-        ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt, PP, PT, PC,
-                          _work(width, K[0].shape[0]), H, row_part[r], nparts)
+        ne, W = _subchain(late, st, t, K, row_cap[r], row_lo[r], off, cnt, PP, PT, PC,
+                          _work(width, K[0].shape[0]), H)
         if ne > width:
             width = max(2 * width, ne)
             gP, gT, gC = _widen((gP, gT, gC), width, rows)
@@ -605,7 +605,8 @@ def _solve(K, cap, windowed, n_workers, width):
     gN = np.zeros(L, np.int64)
     at = np.zeros(L, np.int64)
     row_st = np.arange(1, L + 1)  # staging row idx: the sub-problem that starts at idx + 1
-    row_part = np.zeros(L, np.int64)
+    row_lo = np.zeros(L, np.int64)
+    row_cap = np.full(L, cap, np.int64)
     any_late = False
     for j in range(L + 1):
         any_late = any_late or useful[j]
@@ -618,8 +619,11 @@ def _solve(K, cap, windowed, n_workers, width):
             late = kind == 1
             _one_length(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers,
                         gP, gT, gC, gN)
-            width, gP, gT, gC = _restage(late, d, n, width, K, cap, lo, off, cnt, PP, PT, PC,
-                                         gP, gT, gC, gN, row_st, row_part, 1)
+            for idx in range(n):
+                if gN[idx] < 0:  # too wide for its row: again, alone (`_restage`)
+                    row_lo[idx] = lo[kind, idx + 1, idx + 1 + d - kind]
+            width, gP, gT, gC = _restage(late, d, n, width, K, off, cnt, PP, PT, PC, gP, gT, gC,
+                                         gN, row_st, row_lo, row_cap)
             biggest = 0
             for idx in range(n):
                 at[idx] = used

@@ -209,22 +209,25 @@ def _hints(kind, st, t, off, cnt, PC, status, rep, H):
 
 
 @njit(cache=True, parallel=True)
-def _solve_set(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN,
-               rows, row_st, row_part, nparts, status, rep):
-    """Staging rows 0..rows-1, `n_workers` at a time: row r part row_part[r] of `nparts` of the
-    sub-problem of length d that starts at row_st[r] (P(s, s+d), or Q(s, s+d-1) when `late`),
-    its predecessors' splits first (`_hints`); -1 in gN: too wide for the row."""
+def _solve_set(late, d, width, K, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN, rows,
+               row_st, row_lo, row_cap, status, rep):
+    """Staging rows 0..rows-1, `n_workers` at a time: row r the frontier, on the window
+    row_lo[r]..row_cap[r] bytes (empty when lo > cap), of the sub-problem of length d that starts
+    at row_st[r] (P(s, s+d), or Q(s, s+d-1) when `late`), its predecessors' splits tried first
+    (`_hints`); -1 in gN: too wide for the row."""
     kind = 1 if late else 0
     L = K[0].shape[0]
     for w in prange(n_workers):
         W = _work(width, L)
         H = np.zeros(2 * L + 2, np.int64)
         for r in range(w, rows, n_workers):
+            if row_lo[r] > row_cap[r]:
+                gN[r] = 0
+                continue
             st = row_st[r]
             t = st + d - kind
             _hints(kind, st, t, off, cnt, PC, status, rep, H)
-            ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt, PP, PT, PC, W, H,
-                              row_part[r], nparts)
+            ne, W = _subchain(late, st, t, K, row_cap[r], row_lo[r], off, cnt, PP, PT, PC, W, H)
             if ne <= width:
                 gP[r, :ne] = W[0][:ne]
                 gT[r, :ne] = W[1][:ne]
@@ -235,10 +238,23 @@ def _solve_set(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, 
 
 
 @njit(cache=True)
+def _cut(kind, st, t, p, nparts, off, cnt, PP, status, cap):
+    """The least peak (bytes) of memory range p of `nparts` of sub-problem (kind, st, t): where
+    the points of its predecessor (kind, st, t-1) split into equal counts (NOTE [ split order and
+    parts ] in planner/_optimal_kernel.py); cap + 1 (nothing above range p-1) without one."""
+    if t - 1 < st or (status[kind, st, t - 1] != SOLVE and status[kind, st, t - 1] != ALIAS):
+        return cap + 1
+    n = cnt[kind, st, t - 1]
+    if n < 2 * nparts:
+        return cap + 1
+    return PP[off[kind, st, t - 1] + (p * n) // nparts]
+
+
+@njit(cache=True)
 def _parts_merged(gP, gT, gC, gN, r0, nparts, lo):
-    """The envelope of staging rows r0..r0+nparts-1 (one sub-problem's parts, NOTE [ split order
-    and parts ] in planner/_optimal_kernel.py) from its point in force at `lo` bytes: (peaks,
-    times, choices, length). On exact ties the lower row wins."""
+    """The envelope of staging rows r0..r0+nparts-1 (one sub-problem's memory ranges, NOTE [ split
+    order and parts ] in planner/_optimal_kernel.py) from its point in force at `lo` bytes:
+    (peaks, times, choices, length)."""
     n = 0
     for p in range(nparts):
         n += gN[r0 + p]
@@ -275,9 +291,9 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum):
     """The kernel's `_solve` over the sub-problems `status` marks: SOLVE ones solved (exactly),
     ALIAS ones pointed at their class's first member `rep`, OPTIMISTIC ones given the one point
     (fl, fbsum) (NOTE [ banded DP and its certificate ]), SKIP ones left empty. A length with
-    fewer than 4 x n_workers sub-problems to solve has each one's splits split among the workers
-    (NOTE [ split order and parts ] in planner/_optimal_kernel.py). Returns the pool (off, cnt,
-    peaks, times, choices) like `_solve`."""
+    fewer than 4 x n_workers sub-problems to solve builds each one in n_workers memory ranges, one
+    a worker (NOTE [ split order and parts ] in planner/_optimal_kernel.py). Returns the pool
+    (off, cnt, peaks, times, choices) like `_solve`."""
     x, useful = K[0], K[9]
     L = x.shape[0] - 1
     lo = _windows_long(x, K[4], useful, cap, windowed, status, rep)
@@ -291,7 +307,8 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum):
     gP, gT, gC = _staging(nrows, width)
     gN = np.zeros(nrows, np.int64)
     row_st = np.zeros(nrows, np.int64)
-    row_part = np.zeros(nrows, np.int64)
+    row_lo = np.zeros(nrows, np.int64)
+    row_cap = np.zeros(nrows, np.int64)
     for d in range(L):
         n = L - d
         for phase in range(2):
@@ -307,15 +324,23 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum):
                     row_st[m] = st
                     m += 1
             nparts = n_workers if 0 < m < 4 * n_workers and d > 0 else 1
-            for r in range(m - 1, -1, -1):  # row r * nparts + p: part p of the r-th
-                for p in range(nparts - 1, -1, -1):
-                    row_st[r * nparts + p] = row_st[r]
-                    row_part[r * nparts + p] = p
+            for r in range(m - 1, -1, -1):  # row r * nparts + p: memory range p of the r-th
+                st = row_st[r]
+                t = st + d - kind
+                a = lo[kind, st, t]
+                for p in range(nparts):
+                    b = cap + 1 if p == nparts - 1 else _cut(kind, st, t, p + 1, nparts, off, cnt,
+                                                             PP, status, cap)
+                    b = min(max(a, b), cap + 1)
+                    row_st[r * nparts + p] = st
+                    row_lo[r * nparts + p] = a
+                    row_cap[r * nparts + p] = b - 1  # (empty when b = a)
+                    a = b
             rows = m * nparts
-            _solve_set(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, gT, gC,
-                       gN, rows, row_st, row_part, nparts, status, rep)
-            width, gP, gT, gC = _restage(late, d, rows, width, K, cap, lo, off, cnt, PP, PT, PC,
-                                         gP, gT, gC, gN, row_st, row_part, nparts)
+            _solve_set(late, d, width, K, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN, rows,
+                       row_st, row_lo, row_cap, status, rep)
+            width, gP, gT, gC = _restage(late, d, rows, width, K, off, cnt, PP, PT, PC, gP, gT,
+                                         gC, gN, row_st, row_lo, row_cap)
             biggest = 0
             for r in range(m):
                 st = row_st[r * nparts]

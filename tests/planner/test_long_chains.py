@@ -76,9 +76,9 @@ def test_memoised_by_content_equals_the_exact_dp(n_blocks, seed, kinds):
 
 @pytest.mark.parametrize(("n_blocks", "seed", "workers", "width"), [(150, 7, 2, 256), (120, 8, 3, 2)])
 def test_memo_in_parts_equals_the_exact_dp_on_long_chains(n_blocks, seed, workers, width):
-    # 3 sub-problems a length: each one's splits are split among the workers, tried in the order
-    # the sub-problem one stage shorter chose them, and merged (NOTE [ split order and parts ]);
-    # width 2 re-stages nearly every row (`_restage`) part by part
+    # 3 sub-problems a length: each one is built in as many memory ranges as workers, its splits
+    # tried first in the order the sub-problem one stage shorter chose them, and the ranges merged
+    # (NOTE [ split order and parts ]); width 2 re-stages nearly every row (`_restage`)
     prof = _blocks(n_blocks, seed)
     c = costs_of(prof)
     for cap in _budgets(c, 3)[1:]:
