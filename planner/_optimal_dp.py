@@ -185,7 +185,7 @@ def late_useful(c: Costs) -> list[bool]:
     for p in range(1, c.K):  # rows repeat policy 0 where a stage has fewer policies
         r = c.row(p)
         more = late_useful_of(c.x, r.s, r.tf_r, r.tf_l, r.tb)
-        out = [a or (b and c.npol[j] > p) for j, (a, b) in enumerate(zip(out, more))]
+        out = [a or (b and c.npol[j] > p) for j, (a, b) in enumerate(zip(out, more, strict=True))]
     return [u and (j + 1 > c.L or c.npol[j + 1] == 1) for j, u in enumerate(out)]
 
 

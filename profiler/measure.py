@@ -43,8 +43,8 @@ import torch.nn as nn
 from memplan.profiler.fixed import fixed_bytes, param_dtype, restore_state, snapshot_state
 from memplan.profiler.memory import measure_memory
 from memplan.profiler.policies import (
-    BUILTIN_POLICIES,
     candidate_policies,
+    policy_names,
     recorded,
     select_policies,
     trace_ops,
@@ -222,18 +222,7 @@ def _check_options(stages: list, repeats: int, warmup: int, optimizer: str) -> N
 
 
 def _policy_names(policies) -> list[str]:
-    if policies is False or policies is None:
-        return []
-    if policies is True:
-        return list(BUILTIN_POLICIES)
-    if isinstance(policies, str) or not all(isinstance(p, str) for p in policies):
-        raise ProfileError(f"policies: give True, False or a list of policy names "
-                           f"({', '.join(BUILTIN_POLICIES)}), not {policies!r}")
-    for name in policies:
-        if name not in BUILTIN_POLICIES:
-            raise ProfileError(f"policies: {name!r} is not a built-in policy; choose from "
-                               f"{', '.join(BUILTIN_POLICIES)}")
-    return list(dict.fromkeys(policies))
+    return policy_names(policies, error=ProfileError)
 
 
 def stage_names(stages: Sequence[nn.Module]) -> list[str]:

@@ -39,7 +39,7 @@ from torch.utils.checkpoint import (
 )
 
 __all__ = ["recorded", "op_name", "RECOMPUTE_ALL", "BUILTIN_POLICIES", "MATMUL_OPS", "ATTENTION_OPS",
-           "OpRecord", "trace_ops", "candidate_policies", "select_policies"]
+           "OpRecord", "trace_ops", "candidate_policies", "select_policies", "policy_names"]
 
 RECOMPUTE_ALL = "*"
 
@@ -282,3 +282,22 @@ def select_policies(base: tuple[int, int, float], measured: Sequence[Any]) -> li
         if not beaten:
             kept.append(p)
     return kept[:8]
+
+
+def policy_names(policies: bool | Sequence[str] | None, *, error: type[Exception] = ValueError
+                 ) -> list[str]:
+    """The built-in candidate names a `policies=` option asks for: False or None none, True all
+    of BUILTIN_POLICIES, or a list of them (duplicates dropped, order kept). Raises `error` naming
+    `policies` otherwise."""
+    if policies is False or policies is None:
+        return []
+    if policies is True:
+        return list(BUILTIN_POLICIES)
+    if isinstance(policies, str) or not all(isinstance(p, str) for p in policies):
+        raise error(f"policies: give True, False or a list of policy names "
+                    f"({', '.join(BUILTIN_POLICIES)}), not {policies!r}")
+    for name in policies:
+        if name not in BUILTIN_POLICIES:
+            raise error(f"policies: {name!r} is not a built-in policy; choose from "
+                        f"{', '.join(BUILTIN_POLICIES)}")
+    return list(dict.fromkeys(policies))

@@ -155,7 +155,7 @@ class LayerProfile(BaseModel):
                                  "of a stage a unique name")
         return policies
 
-    def policy(self, name: str) -> "LayerProfile":
+    def policy(self, name: str) -> LayerProfile:
         """This stage with policy `name` as its record ('all': itself). Raises KeyError when the
         stage has no such policy."""
         if name == SAVE_ALL:
@@ -243,7 +243,7 @@ class Profile(BaseModel):
         `stage_policies.i` for a stage out of range or a policy the stage does not have."""
         layers = []
         chosen = dict(stage_policies or {})
-        for i, name in chosen.items():
+        for i in chosen:
             if isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= self.n_stages:
                 raise ProfileError(f"stage_policies.{i}: no stage {i!r}; stages are 1..{self.n_stages}")
         for i, layer in enumerate(self.layers, start=1):

@@ -128,13 +128,6 @@ def test_unmodified_model_under_fp16_matches_the_store_all_prediction(fp16_profi
     assert abs(measured - store_all) <= 0.02 * measured, (measured, store_all)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "autocast's cast cache: inside the user's autocast region every low-precision cast of a weight "
-    "that requires grad is cached until the region ends, so the plan's no-grad (F) stages keep a "
-    "16-bit copy of their blocks' weights through the forward (1,262,760 bytes measured, 883,848 "
-    "predicted: +30%, fp16 and bf16 alike), and the recomputes' casts stay cached when the "
-    "backward runs under autocast too (measure_step inside autocast). Fix in executor/apply.py: "
-    "F stages and recomputes run with cache_enabled=False (then +1.15% in both forms)"))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_installed_plan_peak_under_autocast_within_two_percent(dtype):
     """The installed plan's measured peak within 2% of the prediction made on the autocast
