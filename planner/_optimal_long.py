@@ -15,7 +15,9 @@ embedding, those that end at the head, the rest), so the DP solves O(L) sub-prob
 O(L^2), each still exactly, and aliases the others to them. Each class is solved over the union
 of its members' windows (NOTE [ windows ] in planner/_optimal_kernel.py: the least `lo` of its
 members), so every member's question is answered exactly. Chains without repeats gain nothing
-(every class has one member) and the plain kernel runs instead.
+(every class has one member) and the plain kernel runs instead. With about 3 sub-problems a
+length, each is built in memory ranges, one per thread, its predecessor's winning splits tried
+first (NOTE [ split order and parts ] in planner/_optimal_kernel.py).
 
 NOTE [ banded DP and its certificate ]
 On a long heterogeneous chain the optimum keeps a checkpoint every few stages: its sub-problems
