@@ -24,10 +24,7 @@ from memplan.executor.apply import InstallError
 from memplan.executor.report import ExecutorError
 from memplan.planner.schema import Plan
 from memplan.planner.simulate import simulate
-from memplan.profiler.memory import measure_memory
-from memplan.profiler.policies import recorded
 from memplan.profiler.schema import Profile, SavePolicy
-from memplan.profiler.tensors import Seed, stage_input, storage_bytes, storage_sizes
 
 from memplan import planner
 
@@ -46,22 +43,8 @@ POLICIES = {
 
 
 def _measure_policy(stage, x_prev, first: bool, recompute, ctx) -> dict[str, int]:
-    x = stage_input(x_prev, first)
-    before = storage_sizes([x])
-    with measure_memory("cpu") as meter:
-        with ctx():
-            out = recorded(stage, x, recompute=recompute)
-        meter.mark("seed")
-        seed = Seed.apply(out)
-        meter.mark("backward")
-        seed.backward()
-    fwd, bwd = meter.phases["start"], meter.phases["backward"]
-    out_new = sum(n for p, n in storage_sizes([out]).items() if p not in before)
-    in_grad = storage_bytes([x.grad]) if x.grad is not None else 0
-    return dict(saved_bytes=max(0, fwd.end_bytes - out_new),
-                forward_temp_bytes=max(0, fwd.peak_bytes - fwd.end_bytes),
-                backward_temp_bytes=max(0, bwd.peak_bytes - bwd.start_bytes - in_grad
-                                        - storage_bytes([out])))
+    """A policy's record and transients, measured as the profiler measures them (one run)."""
+    return measure._policy_memory_once(stage, x_prev, first, "cpu", ctx, recompute)
 
 
 def _profile_with_policies(stages, x, *, autocast_dtype=None) -> Profile:
