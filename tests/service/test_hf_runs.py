@@ -101,14 +101,14 @@ def hf_server(tmp_path_factory):
 def test_a_tiny_gpt2_run_job_completes_with_its_measured_peak_at_the_prediction(hf_server):
     budget = 360_000  # below the store-all peak (494,344 bytes): something is recomputed
     body = {"model": "hf", "config": {"hf_config": GPT2, "seq": 16, "batch_size": 2}, "budget_bytes": budget,
-            "strategy": "heuristic", "steps": 2}
+            "strategy": "optimal", "steps": 2}
     with httpx.Client(base_url=hf_server.url, timeout=30) as c:
         r = c.post("/v1/runs", json=body)
         assert r.status_code == 202, r.text
         job = wait_finished(c, r.headers["location"], timeout_s=300, every_s=0.5)
         assert job["state"] == "succeeded", job["error"]
         run = job["result"]
-        assert run["kind"] == "hf" and run["model"] == "gpt2" and run["strategy"] == "heuristic"
+        assert run["kind"] == "hf" and run["model"] == "gpt2" and run["strategy"] == "optimal"
         assert run["recomputed"] and len(run["losses"]) == 2 and run["budget_bytes"] == budget
         assert run["predicted_peak_bytes"] <= budget < run["store_all_peak_bytes"]
         # as `memplan run --hf-config` holds it: the user's step measured within 2% of the plan
