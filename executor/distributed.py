@@ -262,6 +262,32 @@ def _rel(pairs) -> float:
     return worst
 
 
+def run_ranks(fn, args: tuple, *, nprocs: int, timeout_s: float) -> None:
+    """Run `fn(rank, *args)` in `nprocs` spawned processes and wait for all of them, at most
+    `timeout_s` seconds; whatever is still alive at the end is terminated. Returns None (the ranks
+    write their results to files). Raises `ExecutorError` naming `ranks` when one fails, dies or
+    does not finish in time."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise ExecutorError(f"ranks: not finished within {timeout_s:g} s")
+    except mp.ProcessRaisedException as err:
+        raise ExecutorError(f"ranks: a rank failed: {str(err).strip().splitlines()[-1]}") from None
+    except mp.ProcessExitedException as err:  # killed by a signal, or exited without a word
+        raise ExecutorError(f"ranks: rank {err.error_index} died ({err}); nothing was "
+                            "measured, run again") from None
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+
+
 def run_distributed(spec: DistributedSpec | None = None, *, timeout_s: float = 300.0) -> DistributedReport:
     """Plan `spec`'s GPT for `spec.world_size` ranks at ZeRO `spec.zero_stage`, run the plan on that
     many gloo processes on the CPU, and compare per-rank bytes (fixed, activation peak, total)
@@ -270,7 +296,6 @@ def run_distributed(spec: DistributedSpec | None = None, *, timeout_s: float = 3
     Returns a `DistributedReport` (bytes, errors in percent of measured); raises `ExecutorError`
     on bad input or when a rank fails."""
     import torch
-    import torch.multiprocessing as mp
     from memplan.executor.report import error_pct
     from memplan.planner.sharding import shard_profile
     from memplan.profiler.measure import profile_chain
@@ -289,26 +314,8 @@ def run_distributed(spec: DistributedSpec | None = None, *, timeout_s: float = 3
         raise ExecutorError(f"budget_bytes: {plan.message}")
     del stages, x
     with tempfile.TemporaryDirectory(prefix="memplan-dist-") as out:
-        ctx = mp.start_processes(
-            _rank_main, args=(asdict(spec), plan.model_dump(mode="json"), out),
-            nprocs=spec.world_size, join=False, start_method="spawn",
-        )
-        try:
-            import time
-
-            deadline = time.monotonic() + timeout_s
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise ExecutorError(f"ranks: not finished within {timeout_s:g} s")
-        except mp.ProcessRaisedException as err:
-            raise ExecutorError(f"ranks: a rank failed: {str(err).strip().splitlines()[-1]}") from None
-        except mp.ProcessExitedException as err:  # killed by a signal, or exited without a word
-            raise ExecutorError(f"ranks: rank {err.error_index} died ({err}); nothing was "
-                                "measured, run again") from None
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
+        run_ranks(_rank_main, (asdict(spec), plan.model_dump(mode="json"), out),
+                  nprocs=spec.world_size, timeout_s=timeout_s)
         ranks = [RankReport.model_validate_json((Path(out) / f"rank{r}.json").read_text())
                  for r in range(spec.world_size)]
         grads = [[torch.load(Path(out) / f"grads{r}_{k}.pt") for k in range(1, spec.steps + 1)]

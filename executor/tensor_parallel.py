@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memplan.executor.distributed import run_ranks
 from memplan.executor.report import ExecutorError
 
 __all__ = ["TPSpec", "measure_tensor_parallel"]
@@ -203,7 +204,6 @@ def measure_tensor_parallel(spec: TPSpec, *, timeout_s: float = 180.0) -> dict[s
     `case_name`, per rank, per layer: the saved bytes, output bytes and the rank's parameter
     bytes (its shards; exact, bytes), the number of saved tensors, the output's shape, and the
     largest absolute differences of the output and the input gradient from the unsplit layer's. Raises `ExecutorError` naming the field on bad input or when a rank fails."""
-    import torch.multiprocessing as mp
     from memplan.profiler.hf_config import decoder_shape
 
     shape = decoder_shape(spec.config)
@@ -225,23 +225,7 @@ def measure_tensor_parallel(spec: TPSpec, *, timeout_s: float = 180.0) -> dict[s
         if precision not in ("fp32", "bf16", "bf16-mixed"):
             raise ExecutorError(f"cases: precision fp32, bf16 or bf16-mixed, not {precision!r}")
     with tempfile.TemporaryDirectory(prefix="memplan-tp-") as out:
-        ctx = mp.start_processes(_rank_main, args=(asdict(spec), out), nprocs=spec.tp, join=False,
-                                 start_method="spawn")
-        try:
-            import time
-
-            deadline = time.monotonic() + timeout_s
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise ExecutorError(f"ranks: not finished within {timeout_s:g} s")
-        except mp.ProcessRaisedException as err:
-            raise ExecutorError(f"ranks: a rank failed: {str(err).strip().splitlines()[-1]}") from None
-        except mp.ProcessExitedException as err:
-            raise ExecutorError(f"ranks: rank {err.error_index} died ({err}); run again") from None
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
+        run_ranks(_rank_main, (asdict(spec), out), nprocs=spec.tp, timeout_s=timeout_s)
         ranks = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(spec.tp)]
     result = {name: [r[name] for r in ranks] for name in ranks[0]}
     log.info("tensor-parallel run (tp=%d): %s", spec.tp, result)
