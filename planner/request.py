@@ -36,6 +36,7 @@ from pydantic_core import PydanticCustomError
 __all__ = [
     "MAX_BUDGET_BYTES",
     "MAX_STAGES",
+    "MAX_OFFLOAD_BANDWIDTH",
     "STRATEGY_NAMES",
     "OPTIONS",
     "StoreAllOptions",
@@ -58,6 +59,8 @@ __all__ = [
 # budget can reach it.
 MAX_BUDGET_BYTES = 2**60
 MAX_STAGES = 1_000_000  # the longest chain a request may name in an option (k, groups, ...)
+# host-device bandwidth (bytes/s): a thousand times PCIe 5's, so a bound that no link reaches
+MAX_OFFLOAD_BANDWIDTH = 1e15
 assert 3 * MAX_PROFILE_BYTES < MAX_BUDGET_BYTES < 2**62
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
@@ -81,6 +84,8 @@ _EXPECT = {
     "zero_stage": "one of 0, 1, 2, 3",
     "precision": "a precision policy name: fp32, bf16-mixed, bf16, fp16-mixed, zero-mixed",
     "checkpoint_dtype": "compute, auto or a storage dtype (bf16, fp16, fp8, ...)",
+    "offload_bandwidth": "a finite number of bytes/s, above 0 and at most 1e15 (25e9 for 25 GB/s; "
+                         "null: no offload)",
 }
 
 
@@ -100,7 +105,8 @@ def _budget(value: Any, info: ValidationInfo) -> Any:
     if value > MAX_BUDGET_BYTES:
         raise ValueError(
             f"at most 2^60 bytes (1 EiB: above every peak a profile can have), got {value}"
-            + ("; leave it out for no limit" if name == "budget_bytes" else "")
+            + ("; leave it out for no limit" if name in ("budget_bytes", "host_memory_bytes")
+               else "")
         )
     return int(value)
 
@@ -162,6 +168,16 @@ class OptimalOptions(_Options):
     max_gap: float = Field(
         default=0.01, ge=0, le=10, description="slotted mode: refine until the gap is this small",
     )
+    offload_bandwidth: float | None = Field(
+        default=None, gt=0, le=MAX_OFFLOAD_BANDWIDTH,
+        description="host-device bandwidth, bytes/s each way (25e9 for 25 GB/s): the plan may "
+        "also move kept activations to host memory and back, overlapped with compute "
+        "(docs/chain-model.md section 10.9); null: no offload",
+    )
+    host_memory_bytes: Budget = Field(
+        default=None, description="host memory offloaded activations may take, bytes (at most "
+        "2^60; with offload_bandwidth); null: no limit",
+    )
 
 
 class FrontierOptions(_Options):
@@ -208,7 +224,8 @@ class PlanRequest(BaseModel):
     options: AnyOptions = Field(
         default_factory=OptimalOptions,
         description="the strategy's options (uniform: k; optimal: max_overhead, exact_max_stages, "
-        "groups, mode, slots, max_gap; the others: none); unknown ones: refused",
+        "groups, mode, slots, max_gap, offload_bandwidth, host_memory_bytes; the others: none); "
+        "unknown ones: refused",
     )
     checkpoint_dtype: str = Field(
         default="compute", max_length=32,
@@ -275,11 +292,34 @@ class PlanRequest(BaseModel):
             self.__dict__["options"] = OPTIONS[self.strategy]()
         if self.budget_bytes is not None and self.memory_bytes is not None:
             raise PlanError("give budget_bytes or memory_bytes, not both", field="memory_bytes")
+        self._offload_consistent()
         k = getattr(self.options, "k", None)
         if k is not None and k > self.profile.n_stages:
             raise PlanError(f"the segment length must be an integer in 1..{self.profile.n_stages}, "
                             f"got {k}", field="options.k")
         return self
+
+    def _offload_consistent(self) -> None:
+        # NOTE [ offload options ]
+        # 1. Only optimal plans offload: the other strategies' options models refuse
+        #    `offload_bandwidth` (the field named, "strategy 'uniform' takes no such option").
+        # 2. `host_memory_bytes` bounds what offload puts on the host: without
+        #    `offload_bandwidth` nothing is offloaded, and the bound would silently do nothing.
+        # 3. Offload ops and stored checkpoints (`checkpoint_dtype` other than compute) are not
+        #    planned together (docs/chain-model.md section 10.9, rule 6).
+        opts = self.options
+        if not isinstance(opts, OptimalOptions):
+            return
+        if opts.host_memory_bytes is not None and opts.offload_bandwidth is None:
+            raise PlanError("bounds the host memory of offloaded activations, and nothing is "
+                            "offloaded without offload_bandwidth; give options.offload_bandwidth "
+                            "(bytes/s) too, or leave host_memory_bytes out",
+                            field="options.host_memory_bytes")
+        if opts.offload_bandwidth is not None and \
+                self.checkpoint_dtype.strip().lower() != "compute":
+            raise PlanError(f"{self.checkpoint_dtype!r} with options.offload_bandwidth: offload "
+                            "and stored checkpoints are not planned together; use compute, or "
+                            "plan without offload_bandwidth", field="checkpoint_dtype")
 
     def option_kwargs(self) -> dict[str, Any]:
         """The strategy's options given (not defaulted), as keyword arguments."""

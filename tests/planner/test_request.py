@@ -71,6 +71,26 @@ def test_the_registry_and_the_options_models_agree():
     (dict(tolerance=2.0), "tolerance", "from 0 to 1"),
     (dict(n_gpus=0), "n_gpus", "from 1 to"),
     (dict(zero_stage=4), "zero_stage", "one of 0, 1, 2, 3"),
+    (dict(options={"offload_bandwidth": 0}), "options.offload_bandwidth", "above 0"),
+    (dict(options={"offload_bandwidth": -25e9}), "options.offload_bandwidth", "above 0"),
+    (dict(options={"offload_bandwidth": float("inf")}), "options.offload_bandwidth", "not NaN"),
+    (dict(options={"offload_bandwidth": 2e15}), "options.offload_bandwidth", "at most 1e15"),
+    (dict(options={"offload_bandwidth": "25GB/s"}), "options.offload_bandwidth", "bytes/s"),
+    (dict(options={"offload_bandwidth": True}), "options.offload_bandwidth", "bytes/s"),
+    (dict(options={"offload_bandwidth": 1e9, "host_memory_bytes": -1}),
+     "options.host_memory_bytes", "at least 0"),
+    (dict(options={"offload_bandwidth": 1e9, "host_memory_bytes": 2**60 + 1}),
+     "options.host_memory_bytes", "at most 2^60"),
+    (dict(options={"offload_bandwidth": 1e9, "host_memory_bytes": "64GiB"}),
+     "options.host_memory_bytes", "number of bytes"),
+    (dict(options={"host_memory_bytes": 10**9}), "options.host_memory_bytes",
+     "give options.offload_bandwidth"),
+    (dict(strategy="uniform", options={"offload_bandwidth": 1e9}), "options.offload_bandwidth",
+     "strategy 'uniform' takes no such option"),
+    (dict(strategy="heuristic", options={"offload_bandwidth": 1e9}), "options.offload_bandwidth",
+     "strategy 'heuristic' takes no such option"),
+    (dict(options={"offload_bandwidth": 1e9}, checkpoint_dtype="bf16"), "checkpoint_dtype",
+     "not planned together"),
 ])
 def test_bad_fields_raise_plan_error_naming_them(fields, field, needle):
     for call in (lambda: plan_request(profile=worked_example(), **fields),
@@ -94,6 +114,25 @@ def test_valid_requests_keep_what_was_given():
     # JSON round trip: what the CLI sends is what the service validates
     again = PlanRequest.model_validate(json.loads(req.model_dump_json()), strict=True)
     assert again == req
+
+
+def test_offload_options_are_kept_as_given():
+    req = plan_request(profile=worked_example(), budget_bytes=30,
+                       options={"offload_bandwidth": 25 * 10**9, "host_memory_bytes": 64.9})
+    # an integer bandwidth is a float of the same value; a float host budget is rounded down
+    assert req.option_kwargs() == {"offload_bandwidth": 25e9, "host_memory_bytes": 64}
+    assert type(req.option_kwargs()["offload_bandwidth"]) is float
+    assert PlanRequest.model_validate(json.loads(req.model_dump_json()), strict=True) == req
+    # null is no offload, as an absent field
+    none = plan_request(profile=worked_example(), options={"offload_bandwidth": None})
+    assert none.options.offload_bandwidth is None and none.options.host_memory_bytes is None
+    limit = plan_request(profile=worked_example(),
+                         options={"offload_bandwidth": 1e9, "host_memory_bytes": 0})
+    assert limit.options.host_memory_bytes == 0  # no host memory at all is a valid bound
+    props = PlanRequest.model_json_schema()["$defs"]["OptimalOptions"]["properties"]
+    assert props["offload_bandwidth"]["anyOf"][0] == {"type": "number", "exclusiveMinimum": 0,
+                                                      "maximum": 1e15}
+    assert props["host_memory_bytes"]["anyOf"][0]["maximum"] == 2**60
 
 
 @pytest.mark.parametrize("strategy", STRATEGY_NAMES)
