@@ -54,7 +54,7 @@ from memplan.profiler.schema import Profile
 
 __all__ = ["plan_optimal", "solve_frontier", "EXACT_MAX_STAGES", "EXACT_MAX_STAGES_UNCAPPED",
            "DEFAULT_GROUPS", "MODES", "BAND_WIDTH", "check_mode", "use_slotted", "plan_slotted",
-           "lower_bound_banded"]
+           "lower_bound_banded", "check_offload"]
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +222,8 @@ def plan_optimal(
     mode: str = "auto",
     slots: int = 500,
     max_gap: float = 0.01,
+    offload_bandwidth: float | None = None,
+    host_memory_bytes: int | None = None,
 ) -> Plan:
     """The fastest persistent schedule whose peak (bytes above fixed memory) fits `budget_bytes`.
 
@@ -244,10 +246,20 @@ def plan_optimal(
     (rotor's formulation: memory in `slots` slots, refined while the certified `optimality_gap`
     exceeds `max_gap`, NOTE [ slotted mode and its bound ]). Every plan with a schedule carries
     `options["lower_bound_s"]` and `options["optimality_gap"]` (NOTE [ long chains and the
-    certificate ]); its message names the mode, the gap and the seconds spent."""
+    certificate ]); its message names the mode, the gap and the seconds spent.
+
+    `offload_bandwidth` (bytes/s; None or 0: no offload) also lets the plan move kept activations
+    and records to host memory and back, overlapped with compute, within `host_memory_bytes` of
+    host memory (None: unlimited): docs/chain-model.md section 10.9, planner/_optimal_offload.py.
+    Such plans carry transfer ops and `predicted.host_peak_bytes`, `predicted.transfer_wait_s`."""
     t0 = _time.perf_counter()
     _check_options(max_overhead, exact_max_stages, groups)
     check_mode(mode, slots, max_gap)
+    bandwidth = check_offload(offload_bandwidth, host_memory_bytes)
+    if bandwidth:
+        return _plan_offload(profile, budget_bytes, max_overhead=max_overhead, mode=mode,
+                             checkpoint_dtype=checkpoint_dtype, bandwidth=bandwidth,
+                             host_cap=host_memory_bytes, t0=t0)
     if profile.has_policies:
         _check_policy_options(mode, checkpoint_dtype)
     if use_slotted(mode, budget_bytes, max_overhead, checkpoint_dtype):
@@ -383,6 +395,83 @@ def _plan_banded(profile: Profile, budget_bytes: int, *, max_gap: float, t0: flo
            f"{_time.perf_counter() - t0:.2f} s")
     return finish_plan(profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
                        options=options, message=msg)
+
+
+def check_offload(offload_bandwidth, host_memory_bytes) -> float | None:
+    """Validate the offload options (PlanError naming the field); the bandwidth in bytes/s, None
+    when nothing may be offloaded (None or 0)."""
+    bw = offload_bandwidth
+    if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float))
+                           or not math.isfinite(bw) or bw < 0):
+        raise PlanError(f"offload_bandwidth: expected bytes per second, a finite number >= 0 (25e9 "
+                        f"for 25 GB/s; 0 or null: no offload), got {bw!r}")
+    h = host_memory_bytes
+    if h is not None:
+        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= 2**60:
+            raise PlanError(f"host_memory_bytes: expected an integer number of bytes in 0..2^60 "
+                            f"(null: unlimited), got {h!r}")
+        if bw is None:
+            raise PlanError("host_memory_bytes: it bounds what offload moves to the host; give "
+                            "offload_bandwidth too (bytes/s), or leave host_memory_bytes out")
+    return float(bw) if bw else None
+
+
+def _plan_offload(profile: Profile, budget_bytes, *, max_overhead, mode, checkpoint_dtype,
+                  bandwidth: float, host_cap: int | None, t0: float) -> Plan:
+    """The optimal plan with offload (planner/_optimal_offload.py): the DP's fastest point within
+    the budgets, replayed (seconds, bytes)."""
+    from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES, offload_ops, solve_offload
+
+    if mode not in ("auto", "exact"):
+        raise PlanError(f"mode: offload is planned by the exact DP only; use mode 'auto' or "
+                        f"'exact' (got {mode!r}), or leave offload_bandwidth out")
+    if profile.has_policies:
+        raise PlanError("offload_bandwidth: save policies and offload are not planned together; "
+                        "plan the profile without policies (Profile.with_policies(None)) or "
+                        "without offload_bandwidth")
+    if checkpoint_dtype != "compute":
+        raise PlanError("offload_bandwidth: offload plans keep activations in their compute dtype; "
+                        "use checkpoint_dtype 'compute' or leave offload_bandwidth out")
+    L = profile.n_stages
+    if L > OFFLOAD_MAX_STAGES:
+        raise PlanError(f"offload_bandwidth: offload is planned for chains of up to "
+                        f"{OFFLOAD_MAX_STAGES} stages (the DP with transfers is pure Python), this "
+                        f"one has {L}; profile coarser stages (a block per stage) or plan without "
+                        f"offload_bandwidth")
+    c = costs_of(profile)
+    cap = budget_bytes if max_overhead is None else None
+    fr = solve_offload(c, bandwidth=bandwidth, cap=cap, host_cap=host_cap)
+    options: dict = {"mode": "exact", "offload_bandwidth": bandwidth,
+                     "host_memory_bytes": host_cap}
+    if max_overhead is not None:
+        options["max_overhead"] = max_overhead
+    top = fr.top()
+    if not top:
+        least_fr = fr if cap is None else solve_offload(c, bandwidth=bandwidth, host_cap=host_cap)
+        pts = least_fr.top()
+        if not pts:  # only the host budget can make every schedule infeasible
+            raise PlanError(f"host_memory_bytes: no schedule fits {host_cap} host bytes; raise it "
+                            f"or leave it out")
+        return _infeasible(profile, budget_bytes, pts[0][0], options)
+    if max_overhead is not None:
+        limit = (1.0 + max_overhead) * store_all_time(profile)
+        within = [p for p in top if p[2] <= limit * (1 + 1e-12)]
+        point = min(within, key=lambda p: (p[0], p[2])) if within else min(top, key=lambda p: p[2])
+    else:
+        point = fr.best(budget_bytes)
+    ops = insert_drops(offload_ops(fr, point), L)
+    sim = replay(profile, ops, None, None, offload_bandwidth=bandwidth)
+    if not sim.valid or (host_cap is not None and sim.host_peak_bytes > host_cap):
+        raise AssertionError(f"the offload DP built an invalid schedule: {sim.error}")
+    options["lower_bound_s"] = sim.time_s
+    options["optimality_gap"] = 0.0
+    moved = sum(1 for op in ops if op[0] in ("offload", "offload_record"))
+    msg = (f"exact persistent optimum with offload at {bandwidth:.4g} bytes/s: "
+           f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards, {moved} "
+           f"tensors moved to the host (host peak {sim.host_peak_bytes} bytes, transfer wait "
+           f"{sim.transfer_wait_s:.4g} s); mode exact, {_time.perf_counter() - t0:.2f} s")
+    return finish_plan(profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
+                       message=msg, options=options)
 
 
 def _infeasible(profile: Profile, budget_bytes, least: int, options: dict) -> Plan:
