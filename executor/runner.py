@@ -16,6 +16,10 @@ NOTE [ Ops in PyTorch ]
   forward runs through `memplan.profiler.policies.recorded` with the policy's recompute list, so
   the record keeps what the policy keeps and `B i` recomputes the rest inside autograd's backward
   (NOTE [ Save policies in the runner ]).
+- `offload i`, `fetch i`, `offload_record i`, `fetch_record i`: copies between the device and
+  pinned host memory on a side stream, waited for after their window op (the next F, R, loss or
+  B); executor/offload.py, NOTE [ Offload in the executor ]. A stage whose record, input or
+  output moves is recorded under saved-tensor hooks, from a `_Cut` alias of a_{i-1}.
 Every stage's graph is cut at its input, so any valid schedule, one-level or multi-level,
 persistent or not, runs as written and its memory follows the replay's counting. The stage
 values a_i may be a tensor or a (nested) tuple, list or dict of tensors; gradients flow through
@@ -32,6 +36,14 @@ from typing import Any
 
 import torch
 from memplan.executor.guards import GUARDS, StageGuards
+from memplan.executor.offload import (
+    TRANSFER_OPS,
+    Offloader,
+    OnHost,
+    Slots,
+    check_device,
+    has_transfers,
+)
 from memplan.executor.report import ExecutorError
 from memplan.planner.schema import Op
 from memplan.profiler.policies import recorded
@@ -165,10 +177,13 @@ class ScheduleRunner:
         storage: dict[int, str] | None = None,
         policies: Mapping[int, Sequence[str]] | None = None,
         compile: bool = False,
+        _host_device: str | None = None,
     ) -> None:
         """`policies`: stage i -> the recompute list of the save policy its `R i` runs under
         (`SavePolicy.recompute`; unlisted or []: 'all', everything kept); NOTE [ Save policies in
-        the runner ]. `compile`: run each stage through `torch.compile` (per stage)."""
+        the runner ]. `compile`: run each stage through `torch.compile` (per stage).
+        A schedule with transfer ops needs a CUDA device (ExecutorError otherwise, before anything
+        runs); `_host_device` is for tests only (NOTE [ Offload in the executor ] point 6)."""
         self.stages = list(stages)
         self.ops = [tuple(op) for op in ops]
         self.L = len(self.stages)
@@ -190,6 +205,26 @@ class ScheduleRunner:
         # stage -> storage dtype of its kept output (plan.checkpoint_dtypes; features/storage.py)
         self.storage = {int(i): d for i, d in (storage or {}).items()}
         self._fresh: set[int] = set()
+        self.offload: Offloader | None = None
+        if has_transfers(self.ops):
+            check_device(self.ops, device, _host_device)
+            self.offload = self._offloader(_host_device)
+
+    def _offloader(self, host_device: str | None) -> Offloader:
+        """The transfer ops' machinery, after the checks of what offload does not run with."""
+        if self.storage:
+            raise ExecutorError("checkpoint_dtypes: offload ops and checkpoint_dtypes are not run "
+                                "together; plan with one of them")
+        if self.compile:
+            raise ExecutorError("compile: a plan with offload ops runs uncompiled (saved-tensor "
+                                "hooks move its records); run it with compile=False")
+        off = Offloader(self.ops, self.stages, device=self.device, host_device=host_device)
+        both = sorted(set(self.policies) & off.hooked)
+        if both:
+            raise ExecutorError(f"policies: stage {both[0]} runs under a save policy and its record, "
+                                "input or output moves to the host; offload ops and save policies "
+                                "are not run on one stage")
+        return off
 
     def _fn(self, i: int, kind: str) -> Callable[..., Any]:
         """What `F i` (kind 'F') or `R i` (kind 'R') calls on its input (NOTE [ Save policies in the
@@ -249,10 +284,15 @@ class ScheduleRunner:
         loss: torch.Tensor | None = None
         self.op_seconds = []
         self._fresh = set()
+        if self.offload is not None:
+            self.offload.begin_step()
         for k, op in enumerate(self.ops):
             with op_context(k, op) if op_context else contextlib.nullcontext():
                 loss = self._op(k, op, act, rec, grad, loss, loss_scale, time_ops)
         self.guards.flush()
+        if self.offload is not None and self.offload.pending():
+            raise ExecutorError("schedule: it ends with a transfer op; a transfer needs a compute op "
+                                "after it (its window)")
         if loss is None:
             raise ExecutorError("schedule: it has no ['loss'] op")
         return loss.detach().clone()
@@ -277,13 +317,60 @@ class ScheduleRunner:
 
     def _op(self, k: int, op: Op, act: list, rec: dict, grad: list, loss: Any,
             loss_scale: float | None, time_ops: bool) -> Any:
-        L = self.L
         t0 = time.perf_counter() if time_ops else 0.0
         name = op[0]
+        off = self.offload
+        if name in TRANSFER_OPS:
+            if off is None:  # not reached: a runner built on these ops has one
+                raise ExecutorError(f"schedule[{k}] {list(op)}: no offload machinery")
+            off.issue(k, op)
+        else:
+            if off is not None:
+                self._check_reads(k, op, act)
+            loss = self._compute(k, op, act, rec, grad, loss, loss_scale)
+            if off is not None and name != "drop":  # the window op ran: its copies are waited for
+                for kind, j in off.end_window():
+                    if kind == "offload":
+                        act[j] = OnHost(j)
+                    elif kind == "fetch":
+                        act[j] = off.value(j)
+        if time_ops:
+            _sync(self.device)
+            self.op_seconds.append(time.perf_counter() - t0)
+        return loss
+
+    def _check_reads(self, k: int, op: Op, act: list) -> None:
+        """Refuse a compute op that reads a tensor on the host (NOTE [ Offload in the executor ]
+        point 4); a tensor whose fetch is pending in this window is waited for."""
+        off = self.offload
+        assert off is not None
+        name = op[0]
+        reads = [op[1] - 1] if name in ("F", "R", "B") else [self.L] if name == "loss" else []
+        for j in reads:
+            if isinstance(act[j], OnHost):
+                if off.fetch_pending(j):
+                    act[j] = off.value(j)
+                    continue
+                raise ExecutorError(f"schedule[{k}] {list(op)}: a_{j} is on the host; fetch it "
+                                    f"(fetch {j}) with the op before")
+        if name == "B" and off.record_on_host(op[1]):
+            raise ExecutorError(f"schedule[{k}] {list(op)}: the record of stage {op[1]} is on the "
+                                f"host; fetch it (fetch_record {op[1]}) with the op before")
+
+    def _compute(self, k: int, op: Op, act: list, rec: dict, grad: list, loss: Any,
+                 loss_scale: float | None) -> Any:
+        """Run the compute op (F, R, drop, loss or B) `op`; returns the loss buffer once seeded."""
+        L = self.L
+        name = op[0]
+        off = self.offload
         if name in ("F", "R"):
             i = op[1]
             if act[i - 1] is None:
                 raise ExecutorError(f"schedule[{k}] {list(op)}: its input a_{i - 1} is not live")
+            if isinstance(act[i], OnHost):  # recomputed instead of fetched: the host copy goes
+                assert off is not None
+                off.dropped(i, k, op)
+                act[i] = None
             if act[i] is not None and (i + 1) not in rec:
                 # a live, unpinned a_i is replaced by the (equal) recomputed output: free it
                 # first so that the op costs no x_i, as the chain model's "x_i (if new)" says
@@ -304,6 +391,17 @@ class ScheduleRunner:
                         out = self._fn(i, "F")(act[i - 1] if tmp_input is None else tmp_input)
                     act[i] = out
                     del tmp_input
+                elif off is not None and i in off.hooked:  # NOTE [ Offload in the executor ]
+                    with off.recording(i, act[i - 1]):
+                        inp, slots = off.cut(act[i - 1])
+                        with torch.enable_grad():
+                            out = self._fn(i, "R")(inp)
+                        del inp
+                    rec[i] = (slots, _edges(out))
+                    if act[i] is None:
+                        act[i] = _alias(out, requires_grad=False)
+                        off.produced(i, act[i])
+                    off.recorded(i)
                 else:
                     inp = _alias(act[i - 1], requires_grad=True)
                     with torch.enable_grad():
@@ -315,9 +413,13 @@ class ScheduleRunner:
                     # new output; it was live during the op, which the replay does not count
                     # (NOTE [ R on a live output ] in docs/executor.md)
             del out
+            if off is not None and name == "F":
+                off.produced(i, act[i])
             if self.storage:
                 self._store_after(k, name, i, act, new_output)
         elif name == "drop":
+            if off is not None:
+                off.dropped(op[1], k, op)
             act[op[1]] = None
         elif name == "loss":
             a_L = act[L]
@@ -345,10 +447,13 @@ class ScheduleRunner:
                     self.guards.flush()  # NOTE [ Save policies in the runner ] point 3
                 _backward_handing_over(pairs)
             del pairs, edges
-            flat_in, _ = tree_flatten(inp)
-            grad[i - 1] = [t.grad if isinstance(t, torch.Tensor) else None for t in flat_in]
-            del inp, flat_in
-        if time_ops:
-            _sync(self.device)
-            self.op_seconds.append(time.perf_counter() - t0)
+            if isinstance(inp, Slots):
+                grad[i - 1] = inp.gradients()
+                assert off is not None
+                off.released(i)
+            else:
+                flat_in, _ = tree_flatten(inp)
+                grad[i - 1] = [t.grad if isinstance(t, torch.Tensor) else None for t in flat_in]
+                del flat_in
+            del inp
         return loss

@@ -1,0 +1,215 @@
+"""Transfer ops in the runner (executor/offload.py): gradients bitwise equal to the unplanned step
+with records and activations moved out and back, the exact bytes moved, the CPU refusal, and a
+schedule that reads a moved tensor without fetching it. On the CPU the same code path runs with
+the private `_host_device="cpu"` (copies to other CPU tensors, no streams)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from memplan.executor import ExecutorError
+from memplan.executor.offload import CPU_REFUSAL
+from memplan.executor.runner import ScheduleRunner
+from memplan.profiler.tensors import unique_params
+
+from tests.executor.models import measured_profile, mlp_chain
+
+SPEC_REFUSAL = (
+    "offload: this plan moves activations to host memory, which needs a CUDA device (there is no "
+    "device memory to save on the CPU); plan without offload_bandwidth"
+)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
+
+
+def _plain(stages, x, seed=1):
+    """Parameter gradients of the unplanned step (forward in order, loss.backward())."""
+    for p in unique_params(stages):
+        p.grad = None
+    torch.manual_seed(seed)
+    a = x
+    for s in stages:
+        a = s(a)
+    a.backward()
+    return float(a.detach()), [p.grad.clone() for p in unique_params(stages)]
+
+
+def _run(stages, x, ops, seed=1, **kw):
+    for p in unique_params(stages):
+        p.grad = None
+    torch.manual_seed(seed)
+    r = ScheduleRunner(stages, ops, device=torch.device(kw.pop("device", "cpu")), **kw)
+    r.prepare()
+    loss = r.step(x)
+    return r, float(loss), [p.grad.clone() for p in unique_params(stages)]
+
+
+def _store_all(L):
+    return [("R", i) for i in range(1, L + 1)] + [("loss",)] + [("B", i) for i in range(L, 0, -1)]
+
+
+# the worked intuition of the spec: store-all with a_1 (pinned by record 2) and record 2 on the host
+# from the op after R 2 until the op before B 2, on 5 stages (4 blocks and the head)
+WORKED = [("R", 1), ("R", 2), ("offload", 1), ("offload_record", 2), ("R", 3), ("R", 4), ("R", 5),
+          ("loss",), ("B", 5), ("B", 4), ("fetch", 1), ("fetch_record", 2), ("B", 3), ("B", 2),
+          ("B", 1)]
+
+# a checkpoint offloaded and fetched for its recompute, a record offloaded during the forward, and
+# an offloaded pinned input: eager offload (the op after its last reader), lazy fetch (the op
+# before its next reader)
+CHECKPOINTED = [("F", 1), ("F", 2), ("offload", 1), ("R", 3), ("offload_record", 3), ("R", 4),
+                ("offload", 3), ("R", 5), ("loss",), ("fetch", 3), ("B", 5), ("fetch_record", 3),
+                ("B", 4), ("drop", 3), ("fetch", 1), ("B", 3), ("drop", 2), ("R", 2), ("B", 2),
+                ("drop", 1), ("R", 1), ("B", 1)]
+
+
+def _mlp4():
+    """The MLP chain of the schedules above: 4 blocks (BatchNorm, dropout) and the head."""
+    stages, x = mlp_chain(4, width=16, batch=8, dropout=0.1, batchnorm=True)
+    assert len(stages) == 5
+    return stages, x
+
+
+@pytest.mark.parametrize("ops", [WORKED, CHECKPOINTED], ids=["worked", "checkpointed"])
+def test_mlp_chain_gradients_bitwise_equal_with_transfers(ops):
+    stages, x = _mlp4()
+    loss0, g0 = _plain(stages, x)
+    r, loss1, g1 = _run(stages, x, ops, _host_device="cpu")
+    assert loss1 == loss0
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))
+    # BatchNorm's running statistics updated once per stage, as in the unplanned step
+    assert r.offload is not None and not r.offload.pending()
+
+
+def test_the_bytes_moved_are_the_activation_and_the_record():
+    # record 2's own tensors are s_2 (its input a_1 and output a_2 are not the record's: one copy)
+    stages, x = _mlp4()
+    prof = measured_profile(stages, x, repeats=1)
+    r, _, _ = _run(stages, x, WORKED, _host_device="cpu")
+    assert r.offload.moved_bytes == prof.layers[0].output_bytes + prof.layers[1].saved_bytes
+
+
+def test_a_record_that_saves_its_input_shares_the_input_copy():
+    # offloading a_1 moves the storage record 2 saved as its input: fetched back, the record reads
+    # the fetched copy (the gradients are equal), and offload_record 2 does not move a_1 again
+    stages, x = _mlp4()
+    prof = measured_profile(stages, x, repeats=1)
+    ops = [("R", 1), ("R", 2), ("offload", 1), ("R", 3), ("R", 4), ("R", 5), ("loss",), ("B", 5),
+           ("B", 4), ("fetch", 1), ("B", 3), ("B", 2), ("B", 1)]
+    _, g0 = _plain(stages, x)
+    r, _, g1 = _run(stages, x, ops, _host_device="cpu")
+    assert r.offload.moved_bytes == prof.layers[0].output_bytes
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))
+
+
+gpt = pytest.importorskip("memplan.profiler.models.gpt")
+TINY = dict(n_layer=3, n_embd=32, n_head=2, block_size=16, vocab_size=64, batch_size=4, dropout=0.1,
+            attention="math")
+
+
+def test_transformer_chain_gradients_bitwise_equal_with_transfers():
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY))
+    L = len(stages)
+    assert L == 5
+    ops = [("R", 1), ("R", 2), ("offload_record", 1), ("offload", 1), ("R", 3),
+           ("offload_record", 2), ("offload", 2), ("R", 4), ("offload_record", 3), ("R", 5),
+           ("loss",), ("fetch_record", 3), ("B", 5), ("B", 4), ("fetch_record", 2), ("fetch", 2),
+           ("B", 3), ("fetch_record", 1), ("fetch", 1), ("B", 2), ("B", 1)]
+    loss0, g0 = _plain(stages, idx)
+    r, loss1, g1 = _run(stages, idx, ops, _host_device="cpu")
+    assert loss1 == loss0
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))
+    prof = measured_profile(stages, idx, repeats=1)
+    moved = sum(prof.layers[i].saved_bytes for i in range(3)) + sum(
+        prof.layers[i].output_bytes for i in range(2))
+    assert r.offload.moved_bytes == moved
+
+
+def test_transformer_chain_with_recompute_and_an_offloaded_checkpoint():
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY))
+    ops = [("F", 1), ("F", 2), ("offload", 1), ("F", 3), ("drop", 2), ("R", 4), ("R", 5), ("loss",),
+           ("B", 5), ("B", 4), ("drop", 3), ("fetch", 1), ("R", 2), ("R", 3), ("B", 3), ("B", 2),
+           ("drop", 1), ("R", 1), ("B", 1)]
+    loss0, g0 = _plain(stages, idx)
+    _, loss1, g1 = _run(stages, idx, ops, _host_device="cpu")
+    assert loss1 == loss0
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))
+
+
+def test_cpu_refuses_transfer_ops_before_anything_runs():
+    assert CPU_REFUSAL == SPEC_REFUSAL
+    stages, x = _mlp4()
+    before = [p.detach().clone() for p in unique_params(stages)]
+    with pytest.raises(ExecutorError) as err:
+        ScheduleRunner(stages, WORKED, device=torch.device("cpu"))
+    assert str(err.value) == SPEC_REFUSAL
+    assert all(p.grad is None or not p.grad.any() for p in unique_params(stages))
+    assert all(torch.equal(a, b) for a, b in zip(before, unique_params(stages), strict=True))
+    ScheduleRunner(stages, _store_all(5), device=torch.device("cpu"))  # no transfers: runs
+
+
+def test_reading_a_record_left_on_the_host_fails_naming_it():
+    stages, x = _mlp4()
+    ops = [op for op in WORKED if op != ("fetch_record", 2)]
+    with pytest.raises(ExecutorError, match=r"schedule\[12\] \['B', 2\]: the record of stage 2 is on "
+                       r"the host; fetch it \(fetch_record 2\) with the op before"):
+        _run(stages, x, ops, _host_device="cpu")
+
+
+def test_reading_an_activation_left_on_the_host_fails_naming_it():
+    stages, x = _mlp4()
+    ops = [op for op in CHECKPOINTED if op != ("fetch", 1)]
+    with pytest.raises(ExecutorError, match=r"\['R', 2\]: a_1 is on the host; fetch it \(fetch 1\) "
+                       r"with the op before"):
+        _run(stages, x, ops, _host_device="cpu")
+    ops = [op for op in WORKED if op != ("fetch", 1)]  # a_1 pinned by record 2, read by B 2
+    with pytest.raises(ExecutorError, match=r"\['B', 2\]: a_1 is on the host; fetch it \(fetch 1\)"):
+        _run(stages, x, ops, _host_device="cpu")
+
+
+def test_a_schedule_ending_with_a_transfer_is_refused():
+    stages, x = _mlp4()
+    with pytest.raises(ExecutorError, match="ends with a transfer op"):
+        _run(stages, x, [*_store_all(5), ("offload", 1)], _host_device="cpu")
+
+
+@cuda
+def test_cuda_transfers_free_device_memory_and_keep_gradients():
+    stages, x = mlp_chain(4, width=512, batch=256, dropout=0.1, batchnorm=True)
+    stages = [s.cuda() for s in stages]
+    x = x.cuda()
+    loss0, g0 = _plain(stages, x)
+    seen = {}
+
+    def at(k, op):
+        seen[k] = torch.cuda.memory_allocated()
+        import contextlib
+        return contextlib.nullcontext()
+
+    for p in unique_params(stages):
+        p.grad = None
+    torch.manual_seed(1)
+    r = ScheduleRunner(stages, WORKED, device=torch.device("cuda"))
+    r.prepare()
+    loss1 = float(r.step(x, op_context=at))
+    g1 = [p.grad.clone() for p in unique_params(stages)]
+    assert loss1 == loss0
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))
+    # before R 4 (op 5) a_1 and record 2 are off the device: R 3's bytes came on, theirs went off
+    assert r.offload.moved_bytes > 0
+    store = {}
+
+    def at2(k, op):
+        store[k] = torch.cuda.memory_allocated()
+        import contextlib
+        return contextlib.nullcontext()
+
+    for p in unique_params(stages):
+        p.grad = None
+    torch.manual_seed(1)
+    r2 = ScheduleRunner(stages, [op for op in WORKED if op[0] in ("R", "B", "loss")],
+                        device=torch.device("cuda"))
+    r2.prepare()
+    r2.step(x, op_context=at2)
+    # op 5 (R 4) in WORKED is op 3 in store-all: the difference is exactly what moved
+    assert store[3] - seen[5] == r.offload.moved_bytes
