@@ -5,7 +5,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from memplan.planner.schema import Op, Plan, PlanError, Predicted
+from memplan.planner.schema import TRANSFER_OPS, Op, Plan, PlanError, Predicted
 from memplan.planner.simulate import Simulation, replay
 from memplan.profiler.schema import Profile
 
@@ -13,22 +13,39 @@ __all__ = ["insert_drops", "one_level_ops", "finish_plan", "infeasible_plan", "c
 
 
 def insert_drops(compute: Sequence[Op], n_stages: int) -> list[Op]:
-    """`compute` (F, R, loss, B ops) with each `drop i` placed as early as the rules allow.
+    """`compute` (F, R, loss, B ops, and transfer ops if any) with each `drop i` placed as early as
+    the rules allow. Returns the ops (tuples), the input's in their order with drops between.
 
     For a fixed sequence of computations, dropping an activation as soon as it is neither pinned by
     a live record nor needed before it is next (re)computed never raises the peak and costs no time,
     so strategies describe only what they compute and this pass frees memory for all of them.
+
+    NOTE [ drops around transfer ops ]
+    docs/chain-model.md section 10.9.
+    1. A transfer op is not a touch: no drop is placed right after one (it would land inside its
+       window). Its window op (the next F, R, loss or B) touches the tensors the window moves,
+       besides what it reads and makes.
+    2. `offload j` and `fetch j` count as reads of a_j: an a_j fetched later is read again, so
+       it is not dropped while on the host, and an a_j is kept until its offload is issued.
+    3. So an a_j offloaded and never read again (no fetch, no read before it is made again) is
+       dropped right after its window, which frees its host bytes.
+    4. Records are never dropped (B frees them): their transfers change nothing here.
+    Schedules without transfer ops come out exactly as before.
     """
     L = n_stages
     uses: list[list[int]] = [[] for _ in range(L + 1)]  # positions of ops that read a_i
     creates: list[list[int]] = [[] for _ in range(L + 1)]  # positions of ops that (re)compute a_i
     for k, op in enumerate(compute):
-        if op[0] == "loss":
+        name = op[0]
+        if name == "loss":
             uses[L].append(k)
+        elif name in TRANSFER_OPS:
+            if name in ("offload", "fetch"):  # rule 2
+                uses[op[1]].append(k)  # type: ignore[misc]
         else:
             i = op[1]  # type: ignore[misc]
             uses[i - 1].append(k)
-            if op[0] in ("F", "R"):
+            if name in ("F", "R"):
                 creates[i].append(k)
 
     def needed_after(j: int, k: int) -> bool:
@@ -41,22 +58,31 @@ def insert_drops(compute: Sequence[Op], n_stages: int) -> list[Op]:
 
     live = [False] * (L + 1)
     rec = [False] * (L + 2)
+    moved: list[int] = []  # activations moved by the transfers waiting for their window
     out: list[Op] = []
     for k, op in enumerate(compute):
         out.append(op)
-        if op[0] == "loss":
+        name = op[0]
+        if name in TRANSFER_OPS:  # rule 1
+            if name in ("offload", "fetch"):
+                moved.append(op[1])  # type: ignore[arg-type]
+            continue
+        if name == "loss":
             touched: tuple[int, ...] = (L,)
         else:
             i = op[1]  # type: ignore[misc]
-            if op[0] == "R":
+            if name == "R":
                 rec[i] = True
-            if op[0] == "B":
+            if name == "B":
                 rec[i] = False
-            if op[0] in ("F", "R"):
+            if name in ("F", "R"):
                 live[i] = True
                 touched = (i - 1, i)
             else:
                 touched = (i - 1,)
+        if moved:  # the window op touches what its window moves (rule 1)
+            touched += tuple(j for j in moved if j not in touched)
+            moved = []
         for j in touched:
             if j > 0 and live[j] and not rec[j + 1] and not needed_after(j, k):
                 out.append(("drop", j))
@@ -114,6 +140,8 @@ def predicted(sim: Simulation) -> Predicted:
         total_peak_bytes=sim.total_peak_bytes,
         recompute_s=sim.recompute_s,
         overhead=sim.overhead,
+        host_peak_bytes=sim.host_peak_bytes,
+        transfer_wait_s=sim.transfer_wait_s,
     )
 
 
@@ -127,10 +155,14 @@ def finish_plan(
     options: dict | None = None,
     sim: Simulation | None = None,
     policies: dict[int, str] | None = None,
+    offload_bandwidth: float | None = None,
+    host_memory_bytes: int | None = None,
 ) -> Plan:
-    """A Plan for `ops`, with its prediction from a replay; infeasible when it breaks the budget.
-    `policies`: the save policy of each recorded stage ({stage: name}; unlisted: 'all')."""
-    sim = sim or replay(profile, ops, None, policies)
+    """A Plan for `ops`, with its prediction from a replay; infeasible when it breaks the budget
+    (its peak above `budget_bytes`, or its host peak above `host_memory_bytes`; None: no limit).
+    `policies`: the save policy of each recorded stage ({stage: name}; unlisted: 'all').
+    `offload_bandwidth`: bytes/s of host-device copies, for schedules with transfer ops."""
+    sim = sim or replay(profile, ops, None, policies, offload_bandwidth=offload_bandwidth)
     if not sim.valid:  # a strategy bug, never the user's input
         raise AssertionError(f"{strategy} produced an invalid schedule: {sim.error}")
     fits = budget_bytes is None or sim.peak_bytes <= budget_bytes
@@ -138,6 +170,12 @@ def finish_plan(
         message = (
             f"peak {sim.peak_bytes} bytes exceeds the budget of {budget_bytes} bytes"
             + (f"; {message}" if message else "")
+        )
+    if host_memory_bytes is not None and sim.host_peak_bytes > host_memory_bytes:
+        fits = False
+        message = (
+            f"host peak {sim.host_peak_bytes} bytes exceeds host_memory_bytes "
+            f"{host_memory_bytes}" + (f"; {message}" if message else "")
         )
     return Plan(
         strategy=strategy,

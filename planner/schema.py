@@ -1,8 +1,10 @@
 """The plan: a schedule of operations over a profile's chain, and what it is predicted to cost.
 
 A schedule is plain data, a list of ops encoded exactly as docs/chain-model.md does:
-`["F", i]`, `["R", i]`, `["drop", i]`, `["loss"]`, `["B", i]`, with i the 1-based stage index.
-In Python each op is a tuple: `("F", 3)`, `("loss",)`.
+`["F", i]`, `["R", i]`, `["drop", i]`, `["loss"]`, `["B", i]`, with i the 1-based stage index, and
+the transfer ops of offload (docs/chain-model.md section 10.9): `["offload", i]` and `["fetch", i]`
+move a_i between device and host memory, `["offload_record", i]` and `["fetch_record", i]` the
+record of stage i. In Python each op is a tuple: `("F", 3)`, `("loss",)`.
 """
 
 from __future__ import annotations
@@ -12,9 +14,15 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["Op", "Predicted", "Plan", "PlanError", "parse_schedule", "STAGE_OPS"]
+__all__ = ["Op", "Predicted", "Plan", "PlanError", "parse_schedule", "STAGE_OPS", "TRANSFER_OPS",
+           "COMPUTE_OPS"]
 
-STAGE_OPS = ("F", "R", "drop", "B")
+# ops that name a tensor moved between device and host memory (one stage index each)
+TRANSFER_OPS = ("offload", "fetch", "offload_record", "fetch_record")
+# every op with one stage index
+STAGE_OPS = ("F", "R", "drop", "B") + TRANSFER_OPS
+# the ops that run on the compute stream; a transfer op rides on the next one (its window)
+COMPUTE_OPS = ("F", "R", "loss", "B")
 
 Op = tuple[str, int] | tuple[str]
 
@@ -60,7 +68,8 @@ def _parse_op(raw: Any, k: int) -> Op:
         return ("loss",)
     if name not in STAGE_OPS:
         raise PlanError(
-            f"schedule[{k}]: unknown op {name!r}; use one of F, R, drop, B (with a stage) or loss"
+            f"schedule[{k}]: unknown op {name!r}; use one of F, R, drop, B, offload, fetch, "
+            "offload_record, fetch_record (with a stage) or loss"
         )
     if len(raw) != 2 or isinstance(raw[1], bool) or not isinstance(raw[1], int):
         raise PlanError(f"schedule[{k}]: [{name!r}, i] needs one integer stage index, got {list(raw)!r}")
@@ -86,6 +95,12 @@ class Predicted(BaseModel):
     total_peak_bytes: int = Field(ge=0, description="fixed_bytes + peak_bytes")
     recompute_s: float = Field(ge=0, description="seconds above the store-all time (extra forwards)")
     overhead: float = Field(ge=0, description="recompute_s / store-all time")
+    host_peak_bytes: int = Field(
+        default=0, ge=0, description="largest bytes held in host memory by offload ops at any op "
+        "(0 without offload)")
+    transfer_wait_s: float = Field(
+        default=0.0, ge=0, description="seconds the compute stream waits for host-device copies "
+        "(included in time_s; 0 without offload)")
 
 
 class Plan(BaseModel):

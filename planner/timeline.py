@@ -56,13 +56,21 @@ class PlanTimeline(BaseModel):
     n_stages: int = Field(ge=1)
     budget_bytes: int | None = Field(default=None, ge=0, description="the plan's activation budget")
     fixed_bytes: int = Field(ge=0, description="parameters, gradients, optimizer state (bytes)")
-    ops: list[str] = Field(description="op labels in schedule order: 'F 3', 'R 3', 'drop 2', 'loss', 'B 3'")
+    ops: list[str] = Field(description="op labels in schedule order: 'F 3', 'R 3', 'drop 2', "
+                           "'loss', 'B 3', 'offload 2', 'fetch 2', 'offload_record 3', "
+                           "'fetch_record 3'")
     stage_of_op: list[int] = Field(description="the stage each op acts on; 0 for loss")
     predicted_bytes: list[int] = Field(description="bytes live during each op, a_0 included (the replay)")
     peak_bytes: int = Field(ge=0, description="largest of predicted_bytes")
     peak_op: int = Field(ge=0, description="index of the first op reaching the peak")
     time_s: float = Field(ge=0, description="predicted step time, seconds")
     overhead: float = Field(ge=0, description="recompute seconds / store-all seconds")
+    predicted_host_bytes: list[int] | None = Field(
+        default=None, description="bytes held in host memory at each op (the replay), for a plan "
+        "with transfer ops (offload); None without them")
+    host_peak_bytes: int = Field(default=0, ge=0, description="largest of predicted_host_bytes")
+    transfer_wait_s: float = Field(default=0.0, ge=0, description="seconds compute waits for "
+                                   "host-device copies (in time_s)")
     stages: list[StageRole]
     measured_bytes: list[int] | None = Field(
         default=None, description="a run's measured bytes during each op (same counting), if any"
@@ -74,7 +82,8 @@ class PlanTimeline(BaseModel):
 
 
 def op_label(op: list | tuple) -> str:
-    """'F 3', 'loss', ...: how the page and the plots name an op."""
+    """'F 3', 'loss', 'offload 2', 'fetch_record 3', ...: how the page and the plots name an op
+    (its JSON name and stage, space-separated)."""
     return " ".join(str(x) for x in op)
 
 
@@ -82,7 +91,8 @@ def plan_timeline(profile: Profile | dict | str, plan: Plan) -> PlanTimeline:
     """The replayed memory timeline of `plan` over `profile` and the role of each stage.
 
     Returns a `PlanTimeline` (bytes above fixed memory, seconds). Raises `PlanError` when the plan
-    has no schedule (infeasible) or its schedule does not replay over the profile."""
+    has no schedule (infeasible) or its schedule does not replay over the profile. A plan with
+    transfer ops replays at its `options["offload_bandwidth"]` (bytes/s)."""
     prof = load_profile(profile)
     if not plan.schedule:
         raise PlanError(f"plan: it has no schedule ({plan.message or 'infeasible'}), so no timeline")
@@ -92,7 +102,8 @@ def plan_timeline(profile: Profile | dict | str, plan: Plan) -> PlanTimeline:
             "plan this profile"
         )
     sim = simulate(prof, plan.schedule, storage=plan.checkpoint_dtypes or None,
-                   policies=plan.stage_policies or None)
+                   policies=plan.stage_policies or None,
+                   offload_bandwidth=plan.options.get("offload_bandwidth"))
     if not sim.valid:
         raise PlanError(f"plan.schedule: {sim.error}")
     counts = sim.forward_counts
@@ -125,5 +136,8 @@ def plan_timeline(profile: Profile | dict | str, plan: Plan) -> PlanTimeline:
         peak_op=sim.peak_op,
         time_s=sim.time_s,
         overhead=sim.overhead,
+        predicted_host_bytes=list(sim.host_timeline) if sim.host_timeline else None,
+        host_peak_bytes=sim.host_peak_bytes,
+        transfer_wait_s=sim.transfer_wait_s,
         stages=stages,
     )
