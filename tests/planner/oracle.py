@@ -5,7 +5,9 @@
   written independently as one function; the benchmark times it against the frontier DP.
 - `exhaustive_frontier`: a shortest-path search over schedule states (live activations, live
   records, backward progress) that finds the Pareto set of (peak, time) over *all* valid schedules
-  of the chain model, or over persistent ones only (`persistent=True`), with one schedule per point.
+  of the chain model, or over persistent ones only (`persistent=True`), with one schedule per point;
+  with `offload_bandwidth`, also over the "eager offload, lazy fetch" transfer schedules
+  (docs/chain-model.md section 10.9) within `host_memory_bytes`.
 
 Both read a Profile; sizes are integers, so on chains with integer times every comparison is exact.
 """
@@ -94,10 +96,14 @@ def memo_time(p: Profile, budget_bytes: int, *, unit: int = 1) -> float:
         sys.setrecursionlimit(old)
 
 
-def exhaustive_frontier(p: Profile, *, persistent: bool = False):
+def exhaustive_frontier(p: Profile, *, persistent: bool = False,
+                        offload_bandwidth: float | None = None,
+                        host_memory_bytes: int | None = None):
     """Pareto set over all valid schedules: a list of (peak_bytes, time_s, ops), peaks descending
     and times ascending. With `persistent`, a checkpoint may not be dropped while a later backward
-    still needs it, so it is never recomputed.
+    still needs it, so it is never recomputed. With `offload_bandwidth` (bytes/s, > 0) the
+    schedules may also move tensors to host memory, in the class of NOTE [ offload in the
+    oracle ]; `host_memory_bytes` (None: unlimited) bounds the host bytes at every op.
 
     NOTE [ persistent ]
     chain-model.md calls a schedule persistent when each checkpoint, once dropped, is never
@@ -112,11 +118,31 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False):
     and costs nothing, so drops are only tried right after an op that reads or creates the
     activation. Ops that cannot help (a forward of a live activation, work on stages whose
     backward has run) are skipped, and activations no later op can read are dropped at once.
+
+    NOTE [ offload in the oracle ]
+    docs/chain-model.md section 10.9, "eager offload, lazy fetch". Each step is one window: the
+    transfers issued with a compute op, the op, then its drops.
+    1. `offload X` (X an a_j, j >= 1, or a record) only with the compute op right after the
+       compute op that made or read X (`elig` in the state), never with an op that makes X again
+       or (`B i`, record i) frees it, and never for a tensor that op's drops free.
+    2. `fetch X` only when the compute op after its window reads X: a window's fetches are the
+       host-resident part of what one op reads ({a_j}, {record i} or {a_{i-1}, record i}); the
+       state keeps them (`need`) and the next op must read them all, else the branch is dead.
+    3. The window op takes max(t_op, D/bw, H/bw) s (D, H: bytes offloaded, fetched); its bytes
+       during are the device's before it, plus what it fetches, plus its own; what it offloads
+       leaves the device after it. Host bytes: the state's host tensors; at the window op they
+       are the host bytes before it plus D, which must fit `host_memory_bytes`.
+    4. A tensor on the host cannot be read; an a_j on the host is dropped (host bytes) when no
+       later op reads it, like the device's (`cleanup`); a record on the host still pins a_{j-1}.
+    The state gains (hact, hrec, elig_a, elig_r, need_a, need_r), all 0 without a bandwidth, so
+    that search is the one above, step for step.
     """
     x, f, b, s, tf, tb = _arrays(p)
     fn, tfn = _nograd(p, f, tf)
     L = p.n_stages
     BEFORE = L + 1  # phase before the loss; after it, the phase is the next backward's stage
+    bw = float(offload_bandwidth or 0.0)
+    host_cap = INF if host_memory_bytes is None else host_memory_bytes
 
     def live_bytes(act: int, rec: int, ph: int) -> int:
         tot = x[0]
@@ -129,15 +155,52 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False):
             tot += x[ph]  # the gradient d_ph
         return tot
 
-    def cleanup(act: int, ck: int, ph: int) -> tuple[int, int, tuple]:
-        if ph == BEFORE:
-            return act, ck, ()
-        # a_j for j >= ph is read by no remaining op: drop it now
-        gone = tuple(("drop", j) for j in range(max(ph, 1), L + 1) if act >> j & 1)
-        mask = (1 << ph) - 1 | 1
-        return act & mask, ck & mask, gone
+    def bits(mask: int):
+        return [i for i in range(L + 1) if mask >> i & 1]
 
-    start = (1, 0, BEFORE, 0)  # act (bit 0 = a_0), rec, phase, ck
+    def host_bytes(hact: int, hrec: int) -> int:
+        return sum(x[i] for i in bits(hact)) + sum(s[i] for i in bits(hrec))
+
+    def cleanup(act: int, ck: int, ph: int, hact: int) -> tuple[int, int, int, tuple]:
+        if ph == BEFORE:
+            return act, ck, hact, ()
+        # a_j for j >= ph is read by no remaining op: drop it now (on the device or the host)
+        gone = tuple(("drop", j) for j in range(max(ph, 1), L + 1) if (act | hact) >> j & 1)
+        mask = (1 << ph) - 1 | 1
+        return act & mask, ck & mask, hact & mask, gone
+
+    def reads(op) -> tuple[int, int]:  # (a mask, record mask) an op reads
+        if op[0] == "loss":
+            return 1 << L, 0
+        i = op[1]
+        return 1 << (i - 1), (1 << i if op[0] == "B" else 0)
+
+    def windows(act, rec, hact, hrec, elig_a, elig_r, op):
+        """(offloads, fetches, D, H) of every window op `op` may carry (rules 1 and 2)."""
+        if not bw:
+            return [((), (), 0, 0)]
+        i = op[1] if op[0] != "loss" else 0
+        made_a = 1 << i if op[0] in ("F", "R") else 0
+        freed_r = 1 << i if op[0] == "B" else 0
+        cand = [("offload", j) for j in bits(elig_a & act & ~made_a & ~1)]
+        cand += [("offload_record", j) for j in bits(elig_r & rec & ~freed_r)]
+        outs = [()]
+        for c in cand:
+            outs += [o + (c,) for o in outs]
+        ins = [()] + [(("fetch", j),) for j in bits(hact)]
+        ins += [(("fetch_record", j),) for j in bits(hrec)]
+        ins += [(("fetch", j - 1), ("fetch_record", j)) for j in bits(hrec) if hact >> (j - 1) & 1]
+        res = []
+        for o in outs:
+            D = sum(x[j] if n == "offload" else s[j] for n, j in o)
+            for h in ins:
+                H = sum(x[j] if n == "fetch" else s[j] for n, j in h)
+                res.append((o, h, D, H))
+        return res
+
+    start = (1, 0, BEFORE, 0, 0, 0, 0, 0, 0, 0)
+    # act (bit 0 = a_0), rec, phase, ck; hact, hrec (on the host); elig_a, elig_r (what the last
+    # op made or read); need_a, need_r (fetched for the next op)
     best_peak: dict[tuple, int] = {}
     labels: list[tuple] = []  # (state, parent label, ops)
     heap: list = [(0.0, x[0], 0, start, -1, ())]
@@ -150,51 +213,78 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False):
         best_peak[state] = peak
         labels.append((state, parent, ops))
         me = len(labels) - 1
-        act, rec, ph, ck = state
+        act, rec, ph, ck, hact, hrec, elig_a, elig_r, need_a, need_r = state
         if ph == 0:
-            result.append((peak, time, me))
+            if not (need_a or need_r):
+                result.append((peak, time, me))
             continue
         live = live_bytes(act, rec, ph)
+        held = host_bytes(hact, hrec)
         succ = []  # (op, during, dt, act, rec, ph, ck, droppable)
         top = L if ph == BEFORE else ph
+        anywhere = act | hact
         for i in range(1, top + 1):
-            if not act >> (i - 1) & 1:
+            if not act >> (i - 1) & 1 or hact >> i & 1:
                 continue
-            # what is live across a forward, other than its input and output, is stored
-            fck = ck | (act & ~(1 << (i - 1) | 1 << i) & ~1) if persistent else 0
+            # what is kept across a forward, other than its input and output, is stored
+            fck = ck | (anywhere & ~(1 << (i - 1) | 1 << i) & ~1) if persistent else 0
             if not act >> i & 1 and (ph == BEFORE or i <= ph - 1):
                 succ.append((("F", i), live + x[i] + tfn[i], fn[i], act | 1 << i, rec, ph, fck,
                              (i - 1,)))
-            if not rec >> i & 1:
+            if not (rec | hrec) >> i & 1:
                 new = 0 if act >> i & 1 else x[i]
                 succ.append((("R", i), live + new + s[i] + tf[i], f[i], act | 1 << i,
                              rec | 1 << i, ph, fck, (i,)))
         if ph == BEFORE and act >> L & 1:
-            nck = act & ~1 if persistent else 0
+            nck = anywhere & ~1 if persistent else 0
             succ.append((("loss",), live + x[L], 0.0, act, rec, L, nck, ()))
         if ph != BEFORE and rec >> ph & 1 and act >> (ph - 1) & 1:
             i = ph
-            nck = (act & ~(1 << i)) & ~1 if persistent else 0
+            nck = (anywhere & ~(1 << i)) & ~1 if persistent else 0
             succ.append((("B", i), live + x[i - 1] + tb[i], b[i], act, rec & ~(1 << i), i - 1,
                          nck, ()))
         for op, during, dt, a2, r2, ph2, ck2, touch in succ:
-            a2, ck2, gone = cleanup(a2, ck2, ph2)
-            options = [(a2, ck2, gone)]
-            for j in touch:
-                if j <= 0 or not a2 >> j & 1:
+            ra, rr = reads(op)
+            if need_a & ~ra or need_r & ~rr:
+                continue  # a fetch the op does not read (rule 2)
+            ea = (ra | (1 << op[1] if op[0] in ("F", "R") else 0)) & ~1
+            er = 1 << op[1] if op[0] == "R" else 0
+            for outs, ins, D, H in windows(act, rec, hact, hrec, elig_a, elig_r, op):
+                if held + D > host_cap:
                     continue
-                if j < L and r2 >> (j + 1) & 1:
-                    continue  # pinned by record j+1
-                if persistent and ck2 >> j & 1:
-                    continue  # a checkpoint still needed
-                options += [(a & ~(1 << j), c & ~(1 << j), d + (("drop", j),))
-                            for a, c, d in options]
-            for a3, c3, drops in options:
-                st2 = (a3, r2, ph2, c3)
-                pk = max(peak, during)
-                if pk < best_peak.get(st2, INF):
-                    heapq.heappush(heap, (time + dt, pk, counter, st2, me, (op,) + drops))
-                    counter += 1
+                a4, r4, ha, hr = a2, r2, hact, hrec
+                for n, j in outs:
+                    if n == "offload":
+                        a4, ha = a4 & ~(1 << j), ha | 1 << j
+                    else:
+                        r4, hr = r4 & ~(1 << j), hr | 1 << j
+                na = nr = 0
+                for n, j in ins:
+                    if n == "fetch":
+                        a4, ha, na = a4 | 1 << j, ha & ~(1 << j), na | 1 << j
+                    else:
+                        r4, hr, nr = r4 | 1 << j, hr & ~(1 << j), nr | 1 << j
+                wdt = max(dt, D / bw, H / bw) if bw else dt
+                a4, ck4, ha, gone = cleanup(a4, ck2, ph2, ha)
+                options = [(a4, ck4, gone)]
+                moved = {j for n, j in outs if n == "offload"}
+                for j in touch:
+                    if j <= 0 or not a4 >> j & 1 or j in moved:
+                        continue
+                    if j < L and (r4 | hr) >> (j + 1) & 1:
+                        continue  # pinned by record j+1
+                    if persistent and ck4 >> j & 1:
+                        continue  # a checkpoint still needed
+                    options += [(a & ~(1 << j), c & ~(1 << j), d + (("drop", j),))
+                                for a, c, d in options]
+                for a5, c5, drops in options:
+                    st2 = (a5, r4, ph2, c5, ha, hr, ea & a5, er & r4, na, nr) if bw else \
+                        (a5, r4, ph2, c5, 0, 0, 0, 0, 0, 0)
+                    pk = max(peak, during + H)
+                    if pk < best_peak.get(st2, INF):
+                        heapq.heappush(heap, (time + wdt, pk, counter, st2, me,
+                                              outs + ins + (op,) + drops))
+                        counter += 1
     frontier = []
     for peak, time, me in result:
         seq = []
