@@ -84,7 +84,7 @@ _EXPECT = {
     "zero_stage": "one of 0, 1, 2, 3",
     "precision": "a precision policy name: fp32, bf16-mixed, bf16, fp16-mixed, zero-mixed",
     "checkpoint_dtype": "compute, auto or a storage dtype (bf16, fp16, fp8, ...)",
-    "offload_bandwidth": "a finite number of bytes/s, above 0 and at most 1e15 (25e9 for 25 GB/s; "
+    "offload_bandwidth": "a finite number of bytes/s from 0 to 1e15 (25e9 for 25 GB/s; 0 or "
                          "null: no offload)",
 }
 
@@ -169,10 +169,11 @@ class OptimalOptions(_Options):
         default=0.01, ge=0, le=10, description="slotted mode: refine until the gap is this small",
     )
     offload_bandwidth: float | None = Field(
-        default=None, gt=0, le=MAX_OFFLOAD_BANDWIDTH,
+        default=None, ge=0, le=MAX_OFFLOAD_BANDWIDTH,
         description="host-device bandwidth, bytes/s each way (25e9 for 25 GB/s): the plan may "
         "also move kept activations to host memory and back, overlapped with compute "
-        "(docs/chain-model.md section 10.9); null: no offload",
+        "(docs/chain-model.md section 10.9; exact mode, chains of up to 64 stages); 0 or null: "
+        "no offload",
     )
     host_memory_bytes: Budget = Field(
         default=None, description="host memory offloaded activations may take, bytes (at most "
@@ -305,8 +306,11 @@ class PlanRequest(BaseModel):
         #    `offload_bandwidth` (the field named, "strategy 'uniform' takes no such option").
         # 2. `host_memory_bytes` bounds what offload puts on the host: without
         #    `offload_bandwidth` nothing is offloaded, and the bound would silently do nothing.
-        # 3. Offload ops and stored checkpoints (`checkpoint_dtype` other than compute) are not
-        #    planned together (docs/chain-model.md section 10.9, rule 6).
+        # 3. A bandwidth of 0 is no offload, as null: today's plans (a host bound is then moot).
+        # 4. What the offload DP (planner/_optimal_offload.py) does not plan is refused here, so
+        #    that the error names the request's own field: stored checkpoints (`checkpoint_dtype`
+        #    other than compute; docs/chain-model.md section 10.9, rule 6), modes other than auto
+        #    and exact, save policies, chains longer than OFFLOAD_MAX_STAGES.
         opts = self.options
         if not isinstance(opts, OptimalOptions):
             return
@@ -315,11 +319,28 @@ class PlanRequest(BaseModel):
                             "offloaded without offload_bandwidth; give options.offload_bandwidth "
                             "(bytes/s) too, or leave host_memory_bytes out",
                             field="options.host_memory_bytes")
-        if opts.offload_bandwidth is not None and \
-                self.checkpoint_dtype.strip().lower() != "compute":
+        if not opts.offload_bandwidth:
+            return
+        if self.checkpoint_dtype.strip().lower() != "compute":
             raise PlanError(f"{self.checkpoint_dtype!r} with options.offload_bandwidth: offload "
                             "and stored checkpoints are not planned together; use compute, or "
                             "plan without offload_bandwidth", field="checkpoint_dtype")
+        if opts.mode not in ("auto", "exact"):
+            raise PlanError(f"{opts.mode!r} with options.offload_bandwidth: offload is planned by "
+                            "the exact DP only; use auto or exact, or plan without "
+                            "offload_bandwidth", field="options.mode")
+        from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES
+
+        n = self.profile.n_stages
+        if n > OFFLOAD_MAX_STAGES:
+            raise PlanError(f"offload is planned for chains of up to {OFFLOAD_MAX_STAGES} stages "
+                            f"(its DP is pure Python) and this profile has {n}; profile coarser "
+                            "stages (a block per stage) or plan without offload_bandwidth",
+                            field="options.offload_bandwidth")
+        if self.profile.has_policies:
+            raise PlanError("save policies and offload are not planned together; plan the "
+                            "profile without its policies, or without offload_bandwidth",
+                            field="options.offload_bandwidth")
 
     def option_kwargs(self) -> dict[str, Any]:
         """The strategy's options given (not defaulted), as keyword arguments."""

@@ -42,8 +42,11 @@ def test_the_registry_and_the_options_models_agree():
         # request's own fields, passed by plan_for)
         assert set(model.model_fields) <= takes, (name, set(model.model_fields) - takes)
         assert set(model.model_fields) == takes - {"checkpoint_dtype", "tolerance"}, name
+        props = model.model_json_schema().get("properties", {})
         for field, info in model.model_fields.items():
             bounds = [m for m in info.metadata if type(m).__name__ in ("Le", "Lt")]
+            # a byte budget (host_memory_bytes) carries its bound in its validator and schema
+            bounds += [a for a in props[field].get("anyOf", []) if "maximum" in a]
             assert bounds or field == "mode", f"{name}.{field} has no upper bound"
 
 
@@ -71,10 +74,9 @@ def test_the_registry_and_the_options_models_agree():
     (dict(tolerance=2.0), "tolerance", "from 0 to 1"),
     (dict(n_gpus=0), "n_gpus", "from 1 to"),
     (dict(zero_stage=4), "zero_stage", "one of 0, 1, 2, 3"),
-    (dict(options={"offload_bandwidth": 0}), "options.offload_bandwidth", "above 0"),
-    (dict(options={"offload_bandwidth": -25e9}), "options.offload_bandwidth", "above 0"),
+    (dict(options={"offload_bandwidth": -25e9}), "options.offload_bandwidth", "from 0 to 1e15"),
     (dict(options={"offload_bandwidth": float("inf")}), "options.offload_bandwidth", "not NaN"),
-    (dict(options={"offload_bandwidth": 2e15}), "options.offload_bandwidth", "at most 1e15"),
+    (dict(options={"offload_bandwidth": 2e15}), "options.offload_bandwidth", "from 0 to 1e15"),
     (dict(options={"offload_bandwidth": "25GB/s"}), "options.offload_bandwidth", "bytes/s"),
     (dict(options={"offload_bandwidth": True}), "options.offload_bandwidth", "bytes/s"),
     (dict(options={"offload_bandwidth": 1e9, "host_memory_bytes": -1}),
@@ -91,6 +93,8 @@ def test_the_registry_and_the_options_models_agree():
      "strategy 'heuristic' takes no such option"),
     (dict(options={"offload_bandwidth": 1e9}, checkpoint_dtype="bf16"), "checkpoint_dtype",
      "not planned together"),
+    (dict(options={"offload_bandwidth": 1e9, "mode": "slotted"}), "options.mode",
+     "exact DP only"),
 ])
 def test_bad_fields_raise_plan_error_naming_them(fields, field, needle):
     for call in (lambda: plan_request(profile=worked_example(), **fields),
@@ -129,10 +133,26 @@ def test_offload_options_are_kept_as_given():
     limit = plan_request(profile=worked_example(),
                          options={"offload_bandwidth": 1e9, "host_memory_bytes": 0})
     assert limit.options.host_memory_bytes == 0  # no host memory at all is a valid bound
+    # bandwidth 0 is no offload: the lossy storage and modes it cannot plan are then fine
+    zero = plan_request(profile=worked_example(), checkpoint_dtype="bf16",
+                        options={"offload_bandwidth": 0, "mode": "slotted"})
+    assert zero.options.offload_bandwidth == 0.0
     props = PlanRequest.model_json_schema()["$defs"]["OptimalOptions"]["properties"]
-    assert props["offload_bandwidth"]["anyOf"][0] == {"type": "number", "exclusiveMinimum": 0,
+    assert props["offload_bandwidth"]["anyOf"][0] == {"type": "number", "minimum": 0,
                                                       "maximum": 1e15}
     assert props["host_memory_bytes"]["anyOf"][0]["maximum"] == 2**60
+
+
+def test_offload_is_refused_where_its_dp_does_not_plan():
+    from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES
+
+    long = make_profile(OFFLOAD_MAX_STAGES + 1)
+    with pytest.raises(PlanError, match=f"up to {OFFLOAD_MAX_STAGES} stages .* has "
+                       f"{OFFLOAD_MAX_STAGES + 1}") as err:
+        plan_request(profile=long, options={"offload_bandwidth": 25e9})
+    assert err.value.field == "options.offload_bandwidth"
+    plan_request(profile=make_profile(OFFLOAD_MAX_STAGES), options={"offload_bandwidth": 25e9})
+    plan_request(profile=long, options={"offload_bandwidth": 0})  # no offload: any length
 
 
 @pytest.mark.parametrize("strategy", STRATEGY_NAMES)
