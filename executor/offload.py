@@ -13,8 +13,9 @@ NOTE [ Offload in the executor ]
    device are saved as they are. The record's input is `cut` from a_{i-1} by `_Cut` (an alias
    whose backward hands d_{i-1} to a slot): a leaf input (the runner's plain record) would be held
    by autograd's gradient accumulator and pin a_{i-1} on the device after it was offloaded.
-3. `issue(op)` starts a transfer: the side stream waits for the main stream (`wait_stream`),
-   copies with non_blocking=True (offload: to a pinned host buffer; fetch: into a new device
+3. `issue(op)` checks a transfer and queues it; `start_window()`, called as the window op (the
+   next compute op; drops in between run first) starts, starts the queued copies: the side stream
+   waits for the main stream (`wait_stream`), copies with non_blocking=True (offload: to a pinned host buffer; fetch: into a new device
    buffer allocated on the main stream) and records an event. `end_window()`, called after the
    window op (the next compute op), makes the main stream wait on the events; an offloaded
    entry's device storage is then released (`record_stream` on the side stream keeps the
@@ -119,7 +120,7 @@ class _Entry:
 class _Saved:
     """A saved tensor as a record holds it: its entry and the view (NOTE point 2)."""
 
-    __slots__ = ("entry", "dtype", "offset", "size", "stride")
+    __slots__ = ("entry", "dtype", "offset", "size", "stride", "__weakref__")
 
     def __init__(self, entry: _Entry, t: torch.Tensor) -> None:
         self.entry = entry
@@ -171,7 +172,8 @@ class Offloader:
         self._act: dict[int, tuple[Any, list]] = {}  # i -> (spec, leaves: tensor or (entry, view))
         self._rec: dict[int, list[_Entry]] = {}  # record i -> its own entries (weakly by handles)
         self._rec_refs: dict[int, list[weakref.ref]] = {}
-        self._pending: list[tuple[str, int, list[_Entry]]] = []
+        self._queued: list[tuple[str, int, list[_Entry]]] = []  # issued, window not started
+        self._pending: list[tuple[str, int, list[_Entry]]] = []  # copying during the window op
         self._fixed = {t.untyped_storage().data_ptr() for s in self.stages
                        for t in (*s.parameters(), *s.buffers())}
         self.moved_bytes = 0  # device -> host, this step
@@ -207,7 +209,10 @@ class Offloader:
                 ptr = self._ptr(t)
                 if ptr is not None and ptr not in self._live:
                     inp_ptrs.add(ptr)  # a_0 or an input nobody moves: saved as it is
-        own: list[_Entry] = []
+        # the record's new entries, kept here until `recorded(i)`: autograd keeps the pack hook
+        # (this closure) as long as any tensor of the record is saved, so the closure must not
+        # hold the entries (they would outlive their last handle)
+        self._rec[i] = []
         moves_record = i in self.records
 
         def pack(t: torch.Tensor) -> Any:
@@ -220,14 +225,13 @@ class Offloader:
                     return t
                 entry = _Entry(t.untyped_storage(), "record", i)
                 self._live[ptr] = entry
-                own.append(entry)
+                self._rec[i].append(entry)
             elif entry.kind == "record" and entry.i != i:
                 entry.readers.add(i)  # NOTE point 5
             return _Saved(entry, t)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
             yield
-        self._rec[i] = own
 
     def recorded(self, i: int) -> None:
         """After `R i` and `produced(i, a_i)`: the record keeps only the entries that are not a_i's;
@@ -288,7 +292,7 @@ class Offloader:
 
     def dropped(self, i: int, k: int, op: Any) -> None:
         """`drop i`: a_i's entries go (its host copy too); refused with a transfer of it pending."""
-        if any(kind in ("offload", "fetch") and j == i for kind, j, _ in self._pending):
+        if any(kind in ("offload", "fetch") and j == i for kind, j, _ in self._queued + self._pending):
             raise ExecutorError(f"schedule[{k}] {list(op)}: a transfer of a_{i} is pending; drop it "
                                 "after the transfer's window op")
         self._act.pop(i, None)
@@ -325,7 +329,8 @@ class Offloader:
     # -- transfers ------------------------------------------------------------------------------
 
     def issue(self, k: int, op: Any) -> None:
-        """Start the transfer `op` (schedule position k); its window ends at `end_window`."""
+        """Check the transfer `op` (schedule position k) and queue it for the next window
+        (`start_window`, `end_window`)."""
         kind, i = op[0], op[1]
         if kind in ("offload", "fetch"):
             got = self._act.get(i)
@@ -345,9 +350,19 @@ class Offloader:
                     raise ExecutorError(f"schedule[{k}] {list(op)}: {name} is not on the device "
                                         f"({e.state}); {fetch} first")
                 raise ExecutorError(f"schedule[{k}] {list(op)}: {name} is not on the host ({e.state})")
-        for e in entries:
-            (self._to_host if want == "device" else self._to_device)(e)
-        self._pending.append((kind, i, entries))
+        if any(e is f for _, _, es in self._queued for e in entries for f in es):
+            raise ExecutorError(f"schedule[{k}] {list(op)}: {_what('act' if kind in ('offload', 'fetch') else 'record', i)[0]} "
+                                "already moves in this window")
+        self._queued.append((kind, i, entries))
+
+    def start_window(self) -> None:
+        """The window op starts: the queued copies start (NOTE point 3). Device bytes of a fetch
+        are allocated here, as the chain model counts them from the window op on."""
+        for kind, _, entries in self._queued:
+            for e in entries:
+                (self._to_host if kind in ("offload", "offload_record") else self._to_device)(e)
+        self._pending += self._queued
+        self._queued = []
 
     def _to_host(self, e: _Entry) -> None:
         assert e.storage is not None
@@ -411,8 +426,8 @@ class Offloader:
         return done
 
     def pending(self) -> bool:
-        """True while a transfer waits for its window op."""
-        return bool(self._pending)
+        """True while a transfer waits for its window op or its window's end."""
+        return bool(self._pending or self._queued)
 
     def fetch_pending(self, i: int) -> bool:
         """True while a fetch of a_i waits for its window's end."""

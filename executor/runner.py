@@ -325,10 +325,12 @@ class ScheduleRunner:
                 raise ExecutorError(f"schedule[{k}] {list(op)}: no offload machinery")
             off.issue(k, op)
         else:
-            if off is not None:
+            window = off is not None and name != "drop"
+            if window:  # the window op: its transfers start with it (NOTE [ Offload in the executor ])
+                off.start_window()
                 self._check_reads(k, op, act)
             loss = self._compute(k, op, act, rec, grad, loss, loss_scale)
-            if off is not None and name != "drop":  # the window op ran: its copies are waited for
+            if window:  # ... and are waited for after it
                 for kind, j in off.end_window():
                     if kind == "offload":
                         act[j] = OnHost(j)

@@ -18,6 +18,14 @@ Sections (`--sections`, comma-separated; default all):
 - policies: GPT-2 small (B 32) and medium (B 16) profiled with save policies; at 30%, 45% and
   60% of the store-all peak the optimal plan with policies and the whole-block one, both run
   (measured against predicted; the policy plan's measured time over the whole-block one's).
+- offload: the host-device bandwidth (pinned copies each way, `measure_host_bandwidth`); GPT-2
+  medium (B 16) in bf16 planned by optimal with and without that `offload_bandwidth` at 25% to
+  65% of the store-all peak (predicted time of both, a table); at the budget where offload
+  saves the most predicted time, the offload plan and the recompute-only plan are run by the
+  schedule runner: peak (`max_memory_allocated`) and step time against the prediction, and
+  gradients against the unplanned step. Skipped with the reason where no plan moves anything
+  (or the planner takes no offload_bandwidth); on the CPU the plans are made with a stand-in
+  bandwidth and the run is the refusal (a logic check).
 - features: a small GPT with dropout 0.1, every feature alone and together (moe, flash, qat,
   prune, exit) under every strategy at 60% of the store-all peak and optimal at 30%, fp32; then
   bf16 autocast and fp16 with a gradient scaler: gradients, buffers and parameters against the
@@ -50,6 +58,7 @@ import torch  # noqa: E402
 from memplan.executor.features import apply_features, model_options  # noqa: E402
 from memplan.executor.run import run_plan  # noqa: E402
 from memplan.profiler.analytic import gpt_analytic_profile  # noqa: E402
+from memplan.profiler.bandwidth import measure_host_bandwidth  # noqa: E402
 from memplan.profiler.measure import profile_chain  # noqa: E402
 from memplan.profiler.memory import measure_memory  # noqa: E402
 from memplan.profiler.models.gpt import GPT2_SIZES, GPTConfig, build_gpt, gpt_report  # noqa: E402
@@ -78,6 +87,10 @@ FEATURE_SETS = [(), ("moe",), ("flash",), ("qat",), ("prune",), ("exit",),
 FEATURE_PLANS = [("store-all", 0.6), ("uniform", 0.6), ("sqrt", 0.6), ("heuristic", 0.6),
                  ("optimal", 0.6), ("optimal", 0.3)]
 ANALYTIC_FIELDS = ("output_bytes", "saved_bytes", "param_bytes", "flops")
+OFFLOAD_MODEL = ("gpt2-medium-b16", MODELS["gpt2-medium-b16"])
+TINY_OFFLOAD_MODEL = ("tiny-b", TINY_MODELS["tiny-b"])
+OFFLOAD_FRACTIONS = (0.25, 0.35, 0.45, 0.55, 0.65)
+CPU_STAND_IN_BANDWIDTH = 1e9  # bytes/s: plans on the CPU (no bandwidth to measure) for the logic
 
 
 class _Results:
@@ -283,6 +296,151 @@ def section_policies(models: dict, dev: torch.device, res: _Results, *, dtype: s
         _free(dev)
 
 
+# ---------------------------------------------------------------------------------------------
+# offload: host bandwidth, plans with and without it, the best one run
+
+
+def _runner_step(stages, x0, plan, dev: torch.device, steps: int) -> dict:
+    """Run `plan` by the schedule runner for `steps` steps (the first untimed, the last under
+    memory measurement): measured peak (bytes above the level before the step, a_0 counted) and
+    median step seconds, with the loss and gradients of the last step."""
+    from memplan.executor.runner import ScheduleRunner
+
+    for s in stages:
+        for p in s.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+    runner = ScheduleRunner(stages, plan.ops(), device=dev)
+    times = []
+    for step in range(steps):
+        for s in stages:
+            for p in s.parameters():
+                p.grad.zero_()
+        runner.prepare()
+        if step == steps - 1:
+            torch.manual_seed(0)
+            with measure_memory(dev) as meter:
+                loss = runner.step(x0)
+            break
+        _sync(dev)
+        t0 = time.perf_counter()
+        runner.step(x0)
+        _sync(dev)
+        if step > 0:
+            times.append(time.perf_counter() - t0)
+    grads = [p.grad.detach().clone() for s in stages for p in s.parameters()]
+    off = runner.offload
+    return {"peak": meter.peak_bytes + x0.untyped_storage().nbytes(),
+            "seconds": statistics.median(times) if times else float("nan"), "loss": float(loss),
+            "grads": grads, "moved_bytes": off.moved_bytes if off is not None else 0}
+
+
+def _plain_grads(stages, x0) -> list:
+    for s in stages:
+        for p in s.parameters():
+            if p.grad is not None:
+                p.grad.zero_()
+    torch.manual_seed(0)
+    x = x0
+    for s in stages:
+        x = s(x)
+    x.backward()
+    return [p.grad.detach().clone() for s in stages for p in s.parameters()]
+
+
+def _grad_rel(a: list, b: list) -> float:
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        d = (x.float() - y.float()).abs().max().item()
+        m = y.float().abs().max().item()
+        worst = max(worst, d / m if m else d)
+    return worst
+
+
+def section_offload(model: tuple[str, dict], dev: torch.device, res: _Results, *, dtype: str,
+                    steps: int) -> None:
+    """NOTE in the module's docstring (offload). One record per budget (the plans' predictions),
+    then one per run plan, or a skip record with the reason."""
+    from memplan.executor.offload import CPU_REFUSAL
+    from memplan.executor.report import ExecutorError
+
+    name, fields = model
+    try:
+        bw = measure_host_bandwidth(dev)
+        res.add("offload_bandwidth", {"device": str(dev), "device_to_host_Bps": bw and bw[0],
+                                      "host_to_device_Bps": bw and bw[1]})
+        # the planner's one bandwidth for both directions: the slower one (each runs alone)
+        plan_bw = min(bw) if bw else CPU_STAND_IN_BANDWIDTH
+        cfg = GPTConfig(**fields, dtype=dtype, attention="flash")
+        stages, x0 = build_gpt(cfg, device=dev)
+        prof = profile_chain(stages, x0, device=dev, repeats=5, warmup=2, name=name)
+        store = planner.plan(prof, strategy="store-all").predicted
+        best = None
+        for frac in OFFLOAD_FRACTIONS:
+            budget = int(store.peak_bytes * frac)
+            plain = planner.plan(prof, strategy="optimal", budget_bytes=budget)
+            try:
+                off = planner.plan(prof, strategy="optimal", budget_bytes=budget,
+                                   offload_bandwidth=plan_bw)
+            except TypeError as exc:  # the planner has no offload_bandwidth yet
+                res.add("offload", {"model": name, "status": "skipped",
+                                    "message": f"the planner takes no offload_bandwidth ({exc})"})
+                return
+            moves = sum(op[0] in ("offload", "offload_record") for op in off.ops())
+            rec = {"model": name, "budget_frac": frac, "budget_bytes": budget,
+                   "bandwidth_Bps": plan_bw, "transfers": moves,
+                   "recompute_only_s": plain.predicted.time_s if plain.feasible else None,
+                   "offload_s": off.predicted.time_s if off.feasible else None,
+                   "offload_peak_bytes": off.predicted.peak_bytes if off.feasible else None,
+                   "host_peak_bytes": getattr(off.predicted, "host_peak_bytes", None) if off.feasible else None,
+                   "transfer_wait_s": getattr(off.predicted, "transfer_wait_s", None) if off.feasible else None}
+            res.add("offload_plans", rec)
+            if off.feasible and moves:
+                gain = (plain.predicted.time_s if plain.feasible else float("inf")) - off.predicted.time_s
+                if best is None or gain > best[0]:
+                    best = (gain, frac, plain, off)
+        if best is None:
+            res.add("offload", {"model": name, "status": "skipped",
+                                "message": "no plan moves anything at these budgets (transfers do "
+                                           "not pay at this bandwidth)"})
+            return
+        _, frac, plain, off = best
+        if dev.type != "cuda":
+            try:
+                _runner_step(stages, x0, off, dev, 2)
+                msg = "ran on the CPU: the refusal is missing"
+                status = "error"
+            except ExecutorError as exc:
+                status = "refused" if str(exc) == CPU_REFUSAL else "error"
+                msg = str(exc)
+            res.add("offload", {"model": name, "plan": f"offload@{frac:.0%}", "status": status,
+                                "message": msg})
+            return
+        ref = _plain_grads(stages, x0)
+        for label, plan in ((f"offload@{frac:.0%}", off), (f"recompute-only@{frac:.0%}", plain)):
+            if not plan.feasible:
+                res.add("offload", {"model": name, "plan": label, "status": "infeasible",
+                                    "message": plan.message})
+                continue
+            got = _runner_step(stages, x0, plan, dev, max(3, steps))
+            pred = plan.predicted
+            res.add("offload", {
+                "model": name, "plan": label, "status": "ok",
+                "predicted_peak_bytes": pred.peak_bytes, "measured_peak_bytes": got["peak"],
+                "peak_error_pct": _pct(got["peak"], pred.peak_bytes),
+                "predicted_time_s": pred.time_s, "measured_time_s": got["seconds"],
+                "time_error_pct": _pct(got["seconds"], pred.time_s),
+                "transfer_wait_s": getattr(pred, "transfer_wait_s", None),
+                "host_peak_bytes": getattr(pred, "host_peak_bytes", None),
+                "moved_bytes": got["moved_bytes"], "grad_max_rel_diff": _grad_rel(got["grads"], ref),
+                "loss": got["loss"]})
+            _free(dev)
+    except Exception as exc:
+        res.add("offload", {"model": name, "status": "error", "message": _error_text(exc)})
+        log.error("offload %s: %s", name, traceback.format_exc())
+    _free(dev)
+
+
 def _free(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -387,6 +545,21 @@ def print_tables(data: dict) -> None:
                   f"{_f(r['time_error_pct'], '6.1f')} {r['predicted_overhead']:>8.1%} "
                   f"{r['measured_overhead']:>8.1%} {_f(r['grad_max_rel_diff'], '9.2g')} "
                   f"{_f(r['grad_max_rel_diff_per_step'][0], '8.2g')} {r['status']}")
+    for r in secs.get("offload_bandwidth", []):
+        print(f"\nhost bandwidth on {r['device']}: device->host {_f(r['device_to_host_Bps'] and r['device_to_host_Bps'] / 1e9, '.2f')} GB/s, "
+              f"host->device {_f(r['host_to_device_Bps'] and r['host_to_device_Bps'] / 1e9, '.2f')} GB/s")
+    if secs.get("offload_plans"):
+        print("optimal with and without offload (predicted ms; transfers: offload ops)")
+        for r in secs["offload_plans"]:
+            print(f"{r['model']:<15} {r['budget_frac']:>5.0%} recompute-only {_f(r['recompute_only_s'] and r['recompute_only_s'] * 1e3, '8.2f')} "
+                  f"offload {_f(r['offload_s'] and r['offload_s'] * 1e3, '8.2f')} transfers {r['transfers']}")
+    for r in secs.get("offload", []):
+        if r["status"] != "ok":
+            print(f"offload {r['model']} {r.get('plan', '-')}: {r['status']}: {r['message']}")
+            continue
+        print(f"{r['model']:<15} {r['plan']:<20} peak {_mib(r['predicted_peak_bytes'])} pred {_mib(r['measured_peak_bytes'])} "
+              f"meas MiB ({r['peak_error_pct']:+.2f}%), step {r['predicted_time_s'] * 1e3:.2f} pred "
+              f"{r['measured_time_s'] * 1e3:.2f} meas ms ({r['time_error_pct']:+.1f}%), grad rel {r['grad_max_rel_diff']:.2g}")
     if secs.get("features"):
         print("\nfeatures (every strategy at 60% of the store-all peak, optimal at 30% too): worst of the plans")
         print(f"{'features':<24} {'precision':<22} {'ok':>5} {'bitwise':>7} {'grad rel':>9} "
@@ -414,8 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny configs (a logic check, not a measurement)")
     ap.add_argument("--dtype", default="bfloat16", help="parameter dtype of the GPT-2 models (default bfloat16)")
     ap.add_argument("--steps", type=int, default=6, help="steps per plan in the models section (time: median of 2..steps-1)")
-    ap.add_argument("--sections", default="rng,models,features,policies",
-                    help="rng, models, features, policies (comma-separated)")
+    ap.add_argument("--sections", default="rng,models,features,policies,offload",
+                    help="rng, models, features, policies, offload (comma-separated)")
     ap.add_argument("--models", default=None, help="comma-separated names from the models section (default all)")
     ap.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True, warn_only=True)")
     ap.add_argument("--out", type=Path, default=None, help="JSON output path")
@@ -426,10 +599,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --device cuda: CUDA is not available; use --device cpu --tiny", file=sys.stderr)
         return 2
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = set(sections) - {"rng", "models", "features", "policies"}
+    unknown = set(sections) - {"rng", "models", "features", "policies", "offload"}
     if unknown:
         print(f"error: --sections: unknown {sorted(unknown)}; choose from rng, models, features, "
-              "policies", file=sys.stderr)
+              "policies, offload", file=sys.stderr)
         return 2
     models = TINY_MODELS if args.tiny else MODELS
     if args.models:
@@ -463,6 +636,9 @@ def main(argv: list[str] | None = None) -> int:
     if "policies" in sections:
         small = {k: v for k, v in models.items() if k in ("gpt2-b32", "gpt2-medium-b16", "tiny-a")}
         section_policies(small or models, device, res, dtype=args.dtype, steps=args.steps)
+    if "offload" in sections:
+        section_offload(TINY_OFFLOAD_MODEL if args.tiny else OFFLOAD_MODEL, device, res,
+                        dtype=args.dtype, steps=args.steps)
     res.data["elapsed_s"] = time.perf_counter() - t_start
     res.path.write_text(json.dumps(res.data, indent=1, default=str) + "\n")
     print_tables(res.data)

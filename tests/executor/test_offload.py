@@ -213,3 +213,92 @@ def test_cuda_transfers_free_device_memory_and_keep_gradients():
     r2.step(x, op_context=at2)
     # op 5 (R 4) in WORKED is op 3 in store-all: the difference is exactly what moved
     assert store[3] - seen[5] == r.offload.moved_bytes
+
+
+def _offload_plans(prof, fractions=(0.9, 0.5)):
+    """The optimal DP's plans with offload at fractions of the store-all peak (skipped while the
+    planner does not take offload_bandwidth)."""
+    from memplan.planner.schema import PlanError
+
+    from memplan import planner
+
+    store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
+    plans = []
+    for frac in fractions:
+        try:
+            plan = planner.plan(prof, strategy="optimal", budget_bytes=int(store * frac),
+                                offload_bandwidth=1e9)
+        except (TypeError, PlanError) as err:
+            pytest.skip(f"the planner does not plan offload here: {err}")
+        if plan.feasible and any(op[0] in ("offload", "offload_record") for op in plan.ops()):
+            plans.append(plan)
+    if not plans:
+        pytest.skip("no plan with transfer ops at these budgets")
+    return plans
+
+
+def test_the_optimal_dp_offload_plans_run_with_equal_gradients():
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY))
+    prof = measured_profile(stages, idx, repeats=1)
+    loss0, g0 = _plain(stages, idx)
+    for plan in _offload_plans(prof):
+        r, loss1, g1 = _run(stages, idx, plan.ops(), _host_device="cpu")
+        assert loss1 == loss0, plan.schedule
+        assert all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True)), plan.schedule
+        moved = sum(prof.layers[op[1] - 1].saved_bytes if op[0] == "offload_record"
+                    else prof.layers[op[1] - 1].output_bytes
+                    for op in plan.ops() if op[0] in ("offload", "offload_record"))
+        assert r.offload.moved_bytes == moved, plan.schedule
+
+
+def _per_op_bytes(stages, x, ops, **kw):
+    """Bytes measured during each op of a second step (exact CPU accounting), a_0 counted."""
+    import contextlib
+
+    from memplan.profiler.memory import measure_memory
+
+    for p in unique_params(stages):
+        p.grad = torch.zeros_like(p)
+    r = ScheduleRunner(stages, ops, device=torch.device("cpu"), **kw)
+    r.prepare()
+    r.step(x)
+    r.prepare()
+    with measure_memory("cpu") as meter:
+        def mark(k, op):
+            meter.mark(str(k))
+            return contextlib.nullcontext()
+        r.step(x, op_context=mark)
+    from memplan.profiler.tensors import storage_bytes
+
+    return [meter.phases[str(k)].peak_bytes + storage_bytes([x]) for k in range(len(ops))]
+
+
+@pytest.mark.parametrize("chain", ["mlp", "gpt"])
+def test_transfers_add_nothing_to_the_replays_bytes(chain):
+    # On the CPU the host copies are CPU bytes too: during every op but the transfer ops
+    # themselves, the bytes measured with transfers are the replay's device plus host bytes, off
+    # by exactly what the same schedule without its transfer ops is off from its own replay (the
+    # runner's known one-off bytes: the loss buffer, an R on a live pinned output). So moving
+    # frees a tensor when its window ends and a fetch allocates when its window starts.
+    from memplan.planner.simulate import simulate
+
+    if chain == "mlp":
+        stages, x = _mlp4()
+    else:
+        stages, x = gpt.build_gpt(gpt.GPTConfig(**TINY))
+    prof = measured_profile(stages, x, repeats=1)
+    for plan in _offload_plans(prof):
+        ops = plan.ops()
+        bare = [op for op in ops if op[0] not in ("offload", "fetch", "offload_record", "fetch_record")]
+        sim = simulate(prof, ops, offload_bandwidth=1e9)
+        sim_bare = simulate(prof, bare)
+        assert sim.valid and sim_bare.valid
+        got = _per_op_bytes(stages, x, ops, _host_device="cpu")
+        got_bare = _per_op_bytes(stages, x, bare)
+        kb = 0
+        for k, op in enumerate(ops):
+            if op[0] in ("offload", "fetch", "offload_record", "fetch_record"):
+                continue
+            off_by = got[k] - sim.timeline[k] - sim.host_timeline[k]
+            assert off_by == got_bare[kb] - sim_bare.timeline[kb], (k, op, plan.schedule)
+            kb += 1
