@@ -2,18 +2,48 @@
 store-all peak down to the least feasible budget, with each baseline strategy's point beside it.
 
 Every number is a replay (`memplan.planner.simulate`) of the schedule the point stands for.
+
+NOTE [ the frontier's modes ]
+1. "auto" solves exactly up to `exact_max_stages` (default EXACT_MAX_STAGES_UNCAPPED: without a
+   budget nothing caps the frontiers). Above it, without save policies: where sub-chains repeat
+   (NOTE [ memoised by content ] in planner/_optimal_long.py) memo mode, exact (gap 0) at every
+   budget; elsewhere the banded DP without a budget (NOTE [ banded DP and its certificate ]
+   there): the upper run's staircase is the frontier (schedules of the recurrence) and the lower
+   run's staircase bounds every budget at once, so each point carries its own certified gap. The
+   upper run does not reach the tightest budgets (it offers no long left parts): on random chains
+   of 300 stages its least peak is 1.9 x the exact least peak (1,000: 2.5 x; grouped's 1.3 x and
+   2.5 x), with gaps of 16-22% there, under 1% above about a third of the store-all peak. A
+   wider band does not help there (300 stages, band 32: least peak 1.3 x, gap 42% at it), so it
+   stays at BAND_WIDTH; below the frontier's least peak, plan_optimal with that budget
+   gives a certified plan. On 1,000 identical blocks banded costs 3.8 s of CPU against memo's
+   14 (2026-12-05), but its least peak is 1.25 x the exact one: memo is the certified option
+   that covers every budget.
+2. An explicit `exact_max_stages` keeps its meaning: grouped above it (`mode="grouped"` too), its
+   points bounded by the banded lower run (with save policies, which the banded DP does not plan:
+   by the store-all time, a plain bound). `mode` "exact", "memo", "banded" force one mode.
+3. Every returned point is replayed. In exact, memo and banded modes a DP point is the replay of
+   its schedule (tests/planner/test_optimal_kernel.py, test_long_chains.py), so only the returned
+   points are replayed (`points` thins first); grouped DP points over-estimate peaks, so every
+   one is replayed before the Pareto filter.
+4. Above BASELINES_ALL_MAX stages the baselines are uniform at UNIFORM_KS values of k (every k up
+   to 16, then spread geometrically to L) and the heuristic at HEURISTIC_PEAKS of their peaks:
+   every k and every peak cost minutes at 1,000 stages (a uniform replay 22 ms, a heuristic plan
+   0.16 s there).
 """
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_right
 from pathlib import Path
+from time import perf_counter
 
 from memplan.planner._build import one_level_ops
 from memplan.planner._optimal_slotted import gap_of
 from memplan.planner.optimal import (
     BAND_WIDTH,
     DEFAULT_GROUPS,
+    EXACT_MAX_STAGES_UNCAPPED,
     _check_options,
     point_for,
     solve_frontier,
@@ -23,7 +53,9 @@ from memplan.planner.simulate import replay, store_all_time
 from memplan.profiler.schema import Profile, load_profile
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["FrontierPoint", "BaselinePoint", "Frontier", "frontier", "plot_frontier"]
+__all__ = ["FrontierPoint", "BaselinePoint", "Frontier", "frontier", "plot_frontier", "FRONTIER_MODES"]
+
+log = logging.getLogger(__name__)
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 _REL = 1e-9  # float tolerance when comparing times summed in different orders
@@ -42,6 +74,8 @@ class FrontierPoint(BaseModel):
         "(seconds; NOTE [ long chains and the certificate ] in planner/optimal.py)",
     )
     optimality_gap: float = Field(ge=0, description="(time - lower_bound_s) / lower_bound_s; 0: exact")
+    mode: str = Field(default="exact", description="the DP mode whose schedule this is: exact, "
+                      "memo (exact), banded or grouped (NOTE [ the frontier's modes ])")
     policies: dict[str, int] = Field(
         default_factory=dict, description="save policy -> stages recorded under it at this point "
         "(policies other than 'all'; docs/chain-model.md section 10.8)")
@@ -67,7 +101,8 @@ class Frontier(BaseModel):
 
     profile_name: str
     n_stages: int
-    mode: str = Field(description="'exact', or 'grouped' (stages solved in groups, see optimal.py)")
+    mode: str = Field(description="'exact', 'memo' (exact), 'banded' or 'grouped' (NOTE [ the "
+                      "frontier's modes ])")
     store_all_time_s: float
     store_all_peak_bytes: int
     least_peak_bytes: int = Field(description="the least budget any schedule here fits")
@@ -115,11 +150,15 @@ def _baselines(profile: Profile) -> list[tuple[str, str, int, float]]:
     sq = plan_sqrt(profile, None).predicted
     out.append(("sqrt", "sqrt", sq.peak_bytes, sq.time_s))
     uniform_peaks = set()
-    for k in range(1, L + 1):
+    for k in _uniform_ks(L):
         sim = replay(profile, one_level_ops(uniform_segments(L, k), L))
         out.append(("uniform", f"uniform k={k}", sim.peak_bytes, sim.time_s))
         uniform_peaks.add(sim.peak_bytes)
-    for budget in sorted(uniform_peaks):
+    heur = sorted(uniform_peaks)
+    if L > BASELINES_ALL_MAX and len(heur) > HEURISTIC_PEAKS:  # NOTE [ the frontier's modes ], 4
+        heur = [heur[round(j * (len(heur) - 1) / (HEURISTIC_PEAKS - 1))]
+                for j in range(HEURISTIC_PEAKS)]
+    for budget in heur:
         plan = plan_heuristic(profile, budget)
         if plan.feasible:
             p = plan.predicted
@@ -132,67 +171,131 @@ def _baselines(profile: Profile) -> list[tuple[str, str, int, float]]:
     return uniq
 
 
+FRONTIER_MODES = ("auto", "exact", "memo", "banded", "grouped")
+BASELINES_ALL_MAX = 120  # up to this many stages: uniform at every k, heuristic at every peak
+UNIFORM_KS = 40  # above it: about this many values of k (NOTE [ the frontier's modes ], 4)
+HEURISTIC_PEAKS = 12  # and the heuristic at this many of their peaks
+
+
+def _uniform_ks(L: int) -> list[int]:
+    """The uniform baseline's segment counts: every k up to BASELINES_ALL_MAX stages, else every k
+    up to 16 and about UNIFORM_KS in all, spread geometrically to L."""
+    if L <= BASELINES_ALL_MAX:
+        return list(range(1, L + 1))
+    n = UNIFORM_KS - 16
+    return sorted({*range(1, 17), *(round(16 * (L / 16) ** (j / n)) for j in range(n + 1))})
+
+
+def _solve_mode(prof: Profile, mode: str, exact_max_stages: int | None, groups: int):
+    """(mode, frontiers, groups or None, lower staircase or None, band): the DP run the frontier
+    is read from (NOTE [ the frontier's modes ]); the lower staircase (peaks in bytes, seconds)
+    bounds every budget, None where the frontier is exact."""
+    L = prof.n_stages
+    auto = mode == "auto"
+    if auto:
+        if exact_max_stages is not None:
+            mode = "exact" if L <= exact_max_stages else "grouped"
+        elif L <= EXACT_MAX_STAGES_UNCAPPED:
+            mode = "exact"
+        else:
+            mode = "grouped" if prof.has_policies else "banded"
+    if mode in ("memo", "banded") and prof.has_policies:
+        raise PlanError(f"mode: {mode!r} does not plan save policies; use mode 'auto', 'exact' or "
+                        "'grouped' (or a profile without `policies`)")
+    if mode == "exact":
+        fr, _ = solve_frontier(prof, exact_max_stages=L, groups=groups)
+        return "exact", fr, None, None, None
+    if mode == "grouped":
+        top = max(1, L - 1)  # grouped needs L above it
+        fr, bounds = solve_frontier(prof, exact_max_stages=top if exact_max_stages is None
+                                    else min(exact_max_stages, top), groups=groups)
+        return "grouped", fr, bounds, _lower_staircase(prof), None
+    from memplan.planner._optimal_dp import costs_of
+    from memplan.planner._optimal_long import solve_long
+
+    c = costs_of(prof)
+    if mode == "memo" or (auto and _repeats(c)):
+        return "memo", solve_long(c, cap=None, memo=True, windowed=False), None, None, None
+    up = solve_long(c, cap=None, width=BAND_WIDTH, windowed=False)
+    return "banded", up, None, _lower_staircase(prof, BAND_WIDTH), BAND_WIDTH
+
+
 def frontier(
     profile: Profile | dict | str,
     *,
     points: int | None = None,
     exact_max_stages: int | None = None,
     groups: int = DEFAULT_GROUPS,
+    mode: str = "auto",
 ) -> Frontier:
     """The Pareto set of (peak bytes, seconds) of the optimal planner for `profile`, from the
     store-all peak down to the least feasible budget, and each baseline's point.
 
     `points`: thin the set to about that many points spread evenly in memory (the ends, and the
-    point that dominates each baseline, are always kept); None keeps all. Returns a `Frontier`.
+    point that dominates each baseline, are always kept); None keeps all. `mode`: one of
+    FRONTIER_MODES (NOTE [ the frontier's modes ]). Returns a `Frontier`; each point says its mode, lower bound and gap.
     """
     prof = load_profile(profile)
     if points is not None and (isinstance(points, bool) or not isinstance(points, int) or points < 2):
         raise PlanError(f"points: expected an integer >= 2 (or none for all), got {points!r}")
+    if mode not in FRONTIER_MODES:
+        raise PlanError(f"mode: expected one of {', '.join(FRONTIER_MODES)}, got {mode!r}")
     _check_options(None, exact_max_stages, groups)
-    fr, bounds = solve_frontier(prof, exact_max_stages=exact_max_stages, groups=groups)
-    dp_peaks, _ = fr.top()
+    t0 = perf_counter()
+    mode, fr, bounds, lower, band = _solve_mode(prof, mode, exact_max_stages, groups)
+    t_dp = perf_counter() - t0
     L = prof.n_stages
-    # replay every point's schedule: the frontier is made of predictions, like every plan
-    replayed = []
     used: dict[tuple[int, float], dict[str, int]] = {}
-    for peak in dp_peaks:
+
+    def replayed(peak: int) -> tuple[int, float]:
         ops, pols = point_for(fr, bounds, peak, L, prof)
         sim = replay(prof, ops, None, pols)
-        replayed.append((sim.peak_bytes, sim.time_s))
         counts: dict[str, int] = {}
         for name in pols.values():
             counts[name] = counts.get(name, 0) + 1
-        used[replayed[-1]] = dict(sorted(counts.items()))
-    front = _pareto(replayed)
+        used[(sim.peak_bytes, sim.time_s)] = dict(sorted(counts.items()))
+        return sim.peak_bytes, sim.time_s
+
+    dp_peaks, dp_times = fr.top()
+    if bounds is None:  # a DP point is its schedule's replay: replay only those returned (3)
+        front = _pareto(list(zip(dp_peaks, dp_times, strict=True)))
+    else:
+        front = _pareto([replayed(peak) for peak in dp_peaks])
     base = store_all_time(prof)
     rows = _baselines(prof)
     peaks = [p for p, _ in front]
     baselines, keep = [], set()
-    for strategy, label, peak, time in rows:
+    for strategy, label, peak, time_s in rows:
         k = max((i for i, p in enumerate(peaks) if p <= peak), default=None)
-        dominated = k is not None and front[k][1] <= time * (1 + _REL)
+        dominated = k is not None and front[k][1] <= time_s * (1 + _REL)
         if k is not None:
             keep.add(k)
         baselines.append(BaselinePoint(
-            strategy=strategy, label=label, peak_bytes=peak, time_s=time,
-            overhead=max(0.0, time / base - 1) if base > 0 else 0.0, dominated=dominated,
+            strategy=strategy, label=label, peak_bytes=peak, time_s=time_s,
+            overhead=max(0.0, time_s / base - 1) if base > 0 else 0.0, dominated=dominated,
         ))
     idx = _thin(peaks, points, keep) if points is not None else range(len(front))
-    lower = _lower_bounds(prof, [front[i] for i in idx], exact=bounds is None)
+    chosen = [front[i] if bounds is not None else replayed(front[i][0]) for i in idx]
+    if lower is None:  # exact: each point is its own bound
+        lbs = [t for _, t in chosen]
+    else:
+        lbs = [_bound_at(lower, p, t) for p, t in chosen]
+    log.info("frontier: %d stages, mode %s%s, %d Pareto points, DP %.2f s, %.2f s in all", L, mode,
+             f" (band {band})" if band else "", len(front), t_dp, perf_counter() - t0)
     return Frontier(
         profile_name=prof.name,
         n_stages=L,
-        mode="exact" if bounds is None else "grouped",
+        mode=mode,
         store_all_time_s=base,
         store_all_peak_bytes=rows[0][2],
         least_peak_bytes=front[0][0],
         n_pareto=len(front),
         points=[
-            FrontierPoint(peak_bytes=front[i][0], time_s=front[i][1],
-                          overhead=max(0.0, front[i][1] / base - 1) if base > 0 else 0.0,
-                          lower_bound_s=lb, optimality_gap=gap_of(front[i][1], lb),
-                          policies=used.get(front[i], {}))
-            for i, lb in zip(idx, lower, strict=True)
+            FrontierPoint(peak_bytes=p, time_s=t,
+                          overhead=max(0.0, t / base - 1) if base > 0 else 0.0, mode=mode,
+                          lower_bound_s=lb, optimality_gap=gap_of(t, lb),
+                          policies=used.get((p, t), {}))
+            for (p, t), lb in zip(chosen, lbs, strict=True)
         ],
         baselines=baselines,
         whole_stage_points=(frontier(prof.with_policies(None), points=points,
@@ -201,32 +304,30 @@ def frontier(
     )
 
 
-# the longest chain whose grouped frontier gets the banded bound: its uncapped run took 1.4 s of
-# CPU at 300 random stages (frontiers of ~1,800 points) and grows about as L^3; longer chains get
-# the store-all time, a plain bound
-BOUND_MAX_STAGES = 300
+def _repeats(c) -> bool:
+    from memplan.planner._optimal_long import content_classes, memo_worthwhile
+
+    return memo_worthwhile(content_classes(c))
 
 
-def _lower_bounds(prof: Profile, pts: list[tuple[int, float]], *, exact: bool) -> list[float]:
-    """A certified lower bound (seconds) on the time within each point's peak: the point's own time
-    when the frontier is exact; else, up to BOUND_MAX_STAGES stages, the banded DP's optimistic run
-    without a budget (NOTE [ banded DP and its certificate ] in planner/_optimal_long.py: one
-    staircase for every budget), and above, the store-all time."""
-    if exact:
-        return [t for _, t in pts]
-    if prof.n_stages > BOUND_MAX_STAGES or prof.has_policies:  # the banded DP plans no policies
-        base = store_all_time(prof)
-        return [min(t, base) for _, t in pts]
+def _bound_at(lower: tuple[list[int], list[float]], peak: int, time_s: float) -> float:
+    """The lower staircase's time (seconds) within `peak` bytes, at most `time_s` (the point's
+    own time bounds its own budget only from above; a tie in another summation order is kept)."""
+    k = bisect_right(lower[0], peak) - 1
+    return min(time_s, lower[1][k]) if k >= 0 else time_s
+
+
+def _lower_staircase(prof: Profile, width: int = BAND_WIDTH) -> tuple[list[int], list[float]]:
+    """A certified lower bound on the time within every budget: the banded DP's optimistic run
+    without a budget (NOTE [ banded DP and its certificate ] in planner/_optimal_long.py), as
+    (peaks in bytes, seconds); with save policies (which it does not plan), the store-all time at
+    every budget."""
+    if prof.has_policies:
+        return [0], [store_all_time(prof)]
     from memplan.planner._optimal_dp import costs_of
     from memplan.planner._optimal_long import solve_long
 
-    lp, lt = solve_long(costs_of(prof), cap=None, width=BAND_WIDTH, optimistic=True,
-                        windowed=False).top()
-    out = []
-    for peak, time in pts:
-        k = bisect_right(lp, peak) - 1
-        out.append(min(time, lt[k]) if k >= 0 else time)
-    return out
+    return solve_long(costs_of(prof), cap=None, width=width, optimistic=True, windowed=False).top()
 
 
 def plot_frontier(result: Frontier, path: str | Path) -> Path:

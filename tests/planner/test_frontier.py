@@ -105,3 +105,81 @@ def test_plan_command_max_overhead(profile_path):
     assert data["strategy"] == "optimal" and data["predicted"]["peak_bytes"] == 21
     res = runner.invoke(app, ["plan", str(profile_path), "--budget", "16"])
     assert res.exit_code == 1 and "18 bytes (raise the budget)" in res.output
+
+
+def _random_chain(L: int, seed: int):
+    import random
+
+    from tests.planner.chains import chain
+
+    r = random.Random(seed)
+    return chain([r.randint(1, 6) for _ in range(L + 1)], [r.randint(1, 6) for _ in range(L)],
+                 [r.randint(1, 6) for _ in range(L)], [r.randint(0, 6) for _ in range(L)],
+                 [r.randint(0, 3) for _ in range(L)], [r.randint(0, 3) for _ in range(L)])
+
+
+def _exact_within(exact, peak: int) -> float:
+    """The exact frontier's least time within `peak` bytes."""
+    return min(p.time_s for p in exact.points if p.peak_bytes <= peak)
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_banded_frontier_certifies_each_point(seed):
+    # 40 stages, band 16: the upper run's points are schedules (replayed), the lower run's
+    # staircase bounds each one: lower_bound_s <= exact optimum within its peak <= its time
+    prof = _random_chain(40, seed)
+    exact = planner.frontier(prof)
+    banded = planner.frontier(prof, mode="banded")
+    assert exact.mode == "exact" and banded.mode == "banded"
+    assert all(p.mode == "banded" for p in banded.points)
+    assert banded.least_peak_bytes >= exact.least_peak_bytes
+    assert any(p.optimality_gap > 0 for p in banded.points)  # a real band, not the whole chain
+    for p in banded.points:
+        best = _exact_within(exact, p.peak_bytes)
+        assert p.lower_bound_s <= best * (1 + 1e-12) <= p.time_s * (1 + 2e-12)
+        assert p.optimality_gap == pytest.approx((p.time_s - p.lower_bound_s) / p.lower_bound_s)
+    for b in banded.baselines:  # the banded frontier need not dominate them: it says which
+        assert b.dominated == any(p.peak_bytes <= b.peak_bytes and p.time_s <= b.time_s * (1 + 1e-9)
+                                  for p in banded.points)
+
+
+def test_memo_frontier_is_the_exact_frontier():
+    from tests.planner.test_long_chains import _blocks
+
+    prof = _blocks(40, 11)
+    exact = planner.frontier(prof)
+    memo = planner.frontier(prof, mode="memo")
+    assert memo.mode == "memo" and memo.n_pareto == exact.n_pareto
+    assert [(p.peak_bytes, p.time_s) for p in memo.points] == \
+        [(p.peak_bytes, p.time_s) for p in exact.points]
+    assert all(p.optimality_gap == 0 and p.mode == "memo" for p in memo.points)
+
+
+def test_auto_frontier_above_exact_max_stages(monkeypatch):
+    import sys
+
+    from tests.planner.test_long_chains import _blocks
+
+    frontier_mod = sys.modules["memplan.planner.frontier"]  # the package exports the function
+    monkeypatch.setattr(frontier_mod, "EXACT_MAX_STAGES_UNCAPPED", 10)  # "long" from 11 stages
+    assert planner.frontier(_blocks(30, 12), points=6).mode == "memo"  # repeats: exact by content
+    rnd = _random_chain(30, 5)
+    res = planner.frontier(rnd, points=6)
+    assert res.mode == "banded" and all(p.mode == "banded" for p in res.points)
+    for b in res.baselines:  # thinned, the point that dominates a baseline is kept
+        assert b.dominated == any(p.peak_bytes <= b.peak_bytes and p.time_s <= b.time_s * (1 + 1e-9)
+                                  for p in res.points)
+    # an explicit exact_max_stages keeps its meaning: grouped above it, bounded by the banded run
+    grouped = planner.frontier(rnd, points=6, exact_max_stages=10, groups=8)
+    assert grouped.mode == "grouped" and all(p.mode == "grouped" for p in grouped.points)
+    with pytest.raises(PlanError, match="mode: expected one of"):
+        planner.frontier(rnd, mode="fast")
+
+
+def test_long_chain_baselines_are_spread():
+    from memplan.planner.frontier import BASELINES_ALL_MAX, UNIFORM_KS, _uniform_ks
+
+    assert _uniform_ks(BASELINES_ALL_MAX) == list(range(1, BASELINES_ALL_MAX + 1))
+    ks = _uniform_ks(1000)
+    assert ks[:16] == list(range(1, 17)) and ks[-1] == 1000 and len(ks) <= UNIFORM_KS + 1
+    assert ks == sorted(set(ks))
