@@ -58,6 +58,20 @@ forward is restored for its recomputes. Installable: the last stage (the head an
 once, as a record (every strategy's plans do; `installable` says why a schedule is not).
 The installation is inactive where autograd records nothing (torch.no_grad(), evaluation) and
 while it recomputes.
+
+NOTE [ Offload in installed plans ]
+A plan's transfer ops (executor/offload.py, NOTE [ Offload in the executor ]) run where their
+window op runs: in the forward phase, the transfers before `F/R i` start when stage i starts
+(its pre-hook; those before `R L`, the head, at the last block's post-hook; those before `loss`
+at the model's forward hook) and are waited for when the stage ends; in the backward phase,
+`_run_until` issues them like the other ops, and those whose window is autograd's `B i` are
+waited for when the next hook runs (the backward's start is a pre-hook on the loss's node, when
+the model returns its loss). Stages whose record, input or output moves record under the
+offloader's saved-tensor hooks (the block's other arguments are saved as they are), and a
+recompute's input is its `_Cut` alias. A kept a_i moved to the host is an `OnHost` in the step's
+kept outputs until it is fetched. Transfers of the head's record or of the loss a_L, save
+policies and compiled blocks with transfers are refused; on the CPU the plan is refused
+before it is installed (the same message as the runner's).
 """
 
 from __future__ import annotations
@@ -74,6 +88,14 @@ from typing import Any
 
 import torch
 from memplan.executor.guards import StageGuards
+from memplan.executor.offload import (
+    CPU_REFUSAL,
+    TRANSFER_OPS,
+    Offloader,
+    OnHost,
+    Slots,
+    has_transfers,
+)
 from memplan.executor.report import ExecutorError, InfeasiblePlanError, error_pct
 from memplan.planner.schema import Op, Plan
 from memplan.profiler.schema import LayerProfile, Profile
@@ -814,6 +836,8 @@ class _Step:
     held: Any = None  # the gradient of the output of the stage whose backward runs
     queued: bool = False
     input_bytes: int = 0
+    head_hooks: Any = None  # the head's saved-tensor hooks while it runs (NOTE [ Offload in installed plans ])
+    window: bool = False  # a window op has started whose copies are not yet waited for
 
 
 # NOTE [ Compiled blocks ]
@@ -889,7 +913,7 @@ class _Installation:
 
     def __init__(self, model: nn.Module, blocks: list[nn.Module], has_prefix: bool, plan: Plan,
                  profile: Profile | None, *, policies: dict[int, list[str]] | None = None,
-                 compile: bool = False) -> None:
+                 compile: bool = False, host_device: str | None = None) -> None:
         from memplan.executor.runner import forward_counts
 
         self.model, self.blocks, self.has_prefix = model, blocks, has_prefix
@@ -938,22 +962,115 @@ class _Installation:
             if s in self.policies or self.compile:
                 self.forwards.set(block, self._forward_of(j, block, self.policies.get(s)))
         self.handles = [model.register_forward_pre_hook(self._model_pre, with_kwargs=True)]
+        self.offload: Offloader | None = None
+        if has_transfers(ops):
+            self.offload = self._offloader(ops, k, host_device)
+            self.handles.append(model.register_forward_hook(self._model_post))
         for j, block in enumerate(blocks):
             self.handles.append(block.register_forward_pre_hook(self._block_pre(j), with_kwargs=True))
             self.handles.append(block.register_forward_hook(self._block_post(j)))
+
+    def _offloader(self, ops: list, k: int, host_device: str | None) -> Offloader:
+        """The transfer ops' machinery and where the forward phase runs them (NOTE [ Offload in
+        installed plans ]); raises InstallError for what it does not run."""
+        if host_device is None and (self.device.type != "cuda" or not torch.cuda.is_available()):
+            raise InstallError(CPU_REFUSAL)
+        L = self.L
+        for op in ops:
+            if op[0] in ("offload_record", "fetch_record") and op[1] == L or (
+                    op[0] in ("offload", "fetch") and op[1] == L):
+                raise InstallError(f"plan.schedule: {list(op)} moves the head's record or the loss, "
+                                   "which run inside the model's forward and its loss; plan again")
+        if self.compile:
+            raise InstallError("compile: a plan with offload ops is installed uncompiled (saved-tensor "
+                               "hooks move its records); install it with compile=False")
+        off = Offloader(ops, [self.model], device=self.device, host_device=host_device)
+        both = sorted(set(self.policies) & off.hooked)
+        if both:
+            raise InstallError(f"plan.stage_policies.{both[0]}: stage {both[0]} runs under a save "
+                               "policy and its record, input or output moves to the host; offload "
+                               "ops and save policies are not installed on one stage")
+        # the drops and transfers before each forward-phase compute op (stage i; L + 1: loss)
+        self.fwd_before: dict[int, list] = {}
+        pending: list = []
+        for op in ops[: k + 1]:
+            if op[0] in ("F", "R") or op[0] == "loss":
+                self.fwd_before[op[1] if op[0] != "loss" else L + 1] = pending
+                pending = []
+            elif op[0] in TRANSFER_OPS or op[0] == "drop":
+                pending.append(op)
+        return off
+
+    def _window_start(self, step: _Step, i: int) -> None:
+        """Forward phase: stage i (L + 1: the loss) starts; the transfers before it start with it."""
+        off = self.offload
+        if off is None:
+            return
+        self._window_end(step)
+        for n, op in enumerate(self.fwd_before.get(i, [])):
+            if op[0] == "drop":  # the installation keeps only `keep`; the offloader forgets a_i
+                off.dropped(op[1], n, op)
+            else:
+                off.issue(n, op)
+        off.start_window()
+        step.window = True
+
+    def _window_end(self, step: _Step) -> None:
+        """The window op ended: its copies are waited for, a moved kept output is an `OnHost`
+        until fetched (NOTE [ Offload in installed plans ])."""
+        off = self.offload
+        if off is None or not step.window:
+            return
+        step.window = False
+        for kind, j in off.end_window():
+            if kind == "offload" and j in step.kept:
+                step.kept[j] = OnHost(j)  # type: ignore[assignment]
+            elif kind == "fetch" and isinstance(step.kept.get(j), OnHost):
+                step.kept[j] = off.value(j)
+
+    def _model_post(self, module, args, out):
+        """The model's forward returned (offload only): the head's window ends, the loss's starts,
+        and the backward's start is hooked on the loss's node."""
+        step = self.step
+        if not self._active() or step is None:
+            return None
+        if step.head_hooks is not None:
+            step.head_hooks.__exit__(None, None, None)
+            step.head_hooks = None
+        self._window_start(step, self.L + 1)
+        loss = getattr(out, "loss", None)
+        if loss is None and isinstance(out, dict):
+            loss = out.get("loss")
+        if loss is None and isinstance(out, torch.Tensor):
+            loss = out
+        if isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
+            loss.grad_fn.register_prehook(lambda grads: self._backward_start(step))
+        return None
+
+    def _backward_start(self, step: _Step) -> None:
+        """The backward reached the loss: the ops before `B L` run (B L is the head's backward)."""
+        if step is not self.step:
+            return
+        self._queue_end(step)
+        self._run_until(step, self.L)
 
     # -- the forward phase ----------------------------------------------------------------------
 
     def _active(self) -> bool:
         return not self.busy and self.step is not None and (torch.is_grad_enabled() or bool(self.step.open))
 
-    def _enter(self, i: int) -> None:
+    def _enter(self, i: int, inputs: Any = None) -> None:
         step = self.step
         assert step is not None
         step.autocast[i] = _autocast_state()
+        self._window_start(step, i)
         cm = self.guards.forward(i)
         cm.__enter__()
         step.open.append(cm)
+        if self.offload is not None and self.kind[i] == "R" and i in self.offload.hooked:
+            hooks = self.offload.recording(i, inputs)  # NOTE [ Offload in installed plans ]
+            hooks.__enter__()
+            step.open.append(hooks)
         if self.kind[i] == "F":
             # NOTE [ Autocast's cast cache and no-grad stages ]: inside the user's autocast region
             # autocast keeps every weight it casts (weights that require grad) until the region
@@ -981,8 +1098,10 @@ class _Installation:
         self.step = _Step(args=args, kwargs=new)
         self._check_shape(args, kwargs)
         self.guards.prepare()
+        if self.offload is not None:
+            self.offload.begin_step()
         if self.has_prefix:
-            self._enter(1)
+            self._enter(1, (args, new))
         return (args, new) if new is not kwargs else None
 
     def _check_shape(self, args, kwargs) -> None:
@@ -1025,7 +1144,7 @@ class _Installation:
                 step.kept[0] = hidden
             if self.kind[s] == "R" and s in self.policies:
                 self._armed.add(j)
-            self._enter(s)
+            self._enter(s, (args, kwargs) if replaced is None else replaced)
             return replaced
         return hook
 
@@ -1040,6 +1159,8 @@ class _Installation:
             if hidden is None:
                 return None
             new = self._output(s, hidden, x_in)
+            if self.offload is not None and j == len(self.blocks) - 1:
+                self._head_start(self.step, new)
             if new is hidden:
                 return None
             return new if isinstance(out, torch.Tensor) else type(out)((new, *out[1:]))
@@ -1053,11 +1174,25 @@ class _Installation:
         assert step is not None
         if i in self.keep:
             step.kept[i] = hidden.detach()
+        if self.offload is not None:
+            self.offload.produced(i, hidden.detach())
+            if self.kind[i] == "R":
+                self.offload.recorded(i)
         if self.kind[i] == "F":
             return _Rejoin.apply(self, step, i, x_in, self._dummy, hidden)
         if hidden.requires_grad:
             hidden.register_hook(self._trigger(i))
         return hidden
+
+    def _head_start(self, step: _Step, hidden: torch.Tensor) -> None:
+        """The head (stage L) starts after the last block: its window, and its saved-tensor hooks
+        when its input moves (NOTE [ Offload in installed plans ])."""
+        off = self.offload
+        assert off is not None
+        self._window_start(step, self.L)
+        if self.L in off.hooked:
+            step.head_hooks = off.recording(self.L, hidden)
+            step.head_hooks.__enter__()
 
     def _forward_of(self, j: int, block: nn.Module, recompute: list[str] | None) -> Callable:
         """The forward installed on block j (NOTE [ Save policies of installed blocks ], NOTE
@@ -1145,20 +1280,57 @@ class _Installation:
             self.guards.flush()  # before checkpoint's rerun saves the stream's state
         if edge is not None:
             torch.autograd.backward([edge], [grad])
+        if isinstance(inp, Slots):
+            return inp.gradients()[0]
         return inp.grad if inp is not None and inp.requires_grad else None
 
     def _run_until(self, step: _Step, i: int) -> None:
-        """Run the schedule's ops after `loss` up to `B i` (the B ops of autograd are passed)."""
+        """Run the schedule's ops after `loss` up to `B i` (the B ops of autograd are passed);
+        transfers as NOTE [ Offload in installed plans ] says."""
+        off = self.offload
+        self._window_end(step)  # the window op before (a B autograd ran) ended
         while step.cursor < len(self.bops):
-            op = self.bops[step.cursor]
+            k = step.cursor
+            op = self.bops[k]
             step.cursor += 1
             if op[0] == "B":
+                if off is not None:
+                    off.start_window()
+                    step.window = True
+                    if op[1] == i:
+                        self._check_reads(step, op)
                 if op[1] == i:
                     return
+                self._window_end(step)
             elif op[0] == "drop":
+                if off is not None:
+                    off.dropped(op[1], k, op)
                 step.kept.pop(op[1], None)
+            elif op[0] in TRANSFER_OPS:
+                assert off is not None
+                off.issue(k, op)
             else:
+                if off is not None:
+                    off.start_window()
+                    step.window = True
+                    self._check_reads(step, op)
                 self._recompute(step, op[0], op[1])
+                self._window_end(step)
+
+    def _check_reads(self, step: _Step, op: tuple) -> None:
+        """Refuse an op that reads a tensor on the host (a tensor whose fetch is pending in this
+        window is waited for)."""
+        off = self.offload
+        assert off is not None
+        j = op[1] - 1
+        if isinstance(step.kept.get(j), OnHost):
+            if not off.fetch_pending(j):
+                raise InstallError(f"plan.schedule {list(op)}: a_{j} is on the host; fetch it "
+                                   f"(fetch {j}) with the op before")
+            step.kept[j] = off.value(j)
+        if op[0] == "B" and off.record_on_host(op[1]):
+            raise InstallError(f"plan.schedule {list(op)}: the record of stage {op[1]} is on the "
+                               f"host; fetch it (fetch_record {op[1]}) with the op before")
 
     def _recompute(self, step: _Step, kind: str, i: int) -> None:
         record = kind == "R"
@@ -1182,15 +1354,26 @@ class _Installation:
                     a_in = step.kept.get(i - 1)
                     if a_in is None:
                         raise InstallError(f"plan.schedule: stage {i}'s input a_{i - 1} is not kept")
-                    x = a_in.detach().requires_grad_(rg) if record else a_in
-                    inp = x if record else None
+                    off = self.offload
+                    hooked = record and off is not None and i in off.hooked
+                    if hooked:  # NOTE [ Offload in installed plans ]
+                        x, inp = off.cut(a_in) if rg else (a_in.detach(), None)
+                    else:
+                        x = a_in.detach().requires_grad_(rg) if record else a_in
+                        inp = x if record else None
                     a, kw = _with_hidden(args, kwargs, where, x)
                     if record and i in self.policies:
                         self._armed.add(j)
-                    out = _hidden_of(self.blocks[j](*a, **kw))
+                    with off.recording(i, (a, kw)) if hooked else contextlib.nullcontext():
+                        out = _hidden_of(self.blocks[j](*a, **kw))
+                    del x, a, kw
         finally:
             self.busy = False
         step.kept[i] = out.detach()
+        if self.offload is not None:
+            self.offload.produced(i, step.kept[i])
+            if record:
+                self.offload.recorded(i)
         if record:
             # the record keeps the input alias and the output's autograd edge, not the output:
             # `drop i` frees a_i while the record lives (as in executor/runner.py)
@@ -1200,6 +1383,7 @@ class _Installation:
     def _end(self, step: _Step) -> None:
         """End of the backward: the random streams where the unplanned step leaves them, and
         nothing the step kept."""
+        self._window_end(step)
         self.guards.flush()
         if self.step is step:
             self.step = None
@@ -1241,7 +1425,9 @@ def _model_stages(model: nn.Module, example_batch: Any, blocks, loss_fn) -> Prof
 
 
 def _install(model: nn.Module, plan: Plan, profile: Profile, blocks, *,
-             compile: bool = False) -> None:
+             compile: bool = False, _host_device: str | None = None) -> None:
+    """Install `plan` (checked) into `model`. `_host_device` is for tests only: the CPU runs a
+    plan's transfer ops as copies to other CPU tensors (NOTE [ Offload in the executor ])."""
     from memplan.executor.run import policy_recompute
 
     if model in _INSTALLED:
@@ -1256,7 +1442,7 @@ def _install(model: nn.Module, plan: Plan, profile: Profile, blocks, *,
     except ExecutorError as err:
         raise InstallError(str(err)) from None
     _INSTALLED[model] = _Installation(model, blist, has_prefix, plan, profile, policies=policies,
-                                      compile=compile)
+                                      compile=compile, host_device=_host_device)
 
 
 def install_plan(model: nn.Module, plan: Plan | dict | str, example_batch: Any, *,

@@ -213,7 +213,9 @@ class Offloader:
         # (this closure) as long as any tensor of the record is saved, so the closure must not
         # hold the entries (they would outlive their last handle)
         self._rec[i] = []
-        moves_record = i in self.records
+        # the record's own tensors become entries when it moves, or when a_i moves (the record
+        # may save its output, which `produced(i)` then makes a_i's)
+        moves_record = i in self.records or i in self.acts
 
         def pack(t: torch.Tensor) -> Any:
             ptr = self._ptr(t)

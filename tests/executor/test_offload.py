@@ -302,3 +302,90 @@ def test_transfers_add_nothing_to_the_replays_bytes(chain):
             off_by = got[k] - sim.timeline[k] - sim.host_timeline[k]
             assert off_by == got_bare[kb] - sim_bare.timeline[kb], (k, op, plan.schedule)
             kb += 1
+
+
+# -- installed plans (executor/apply.py, NOTE [ Offload in installed plans ]) ----------------------
+
+def _installed_case(kind):
+    import torch.nn.functional as F
+    from torch import nn
+
+    from tests.hf_tiny import lm_batch, tiny_lm
+
+    torch.manual_seed(0)
+    if kind == "sequential":
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Dropout(0.1))
+                                for _ in range(6)], nn.Linear(64, 10))
+        g = torch.Generator().manual_seed(11)
+        batches = [(torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g))
+                   for _ in range(2)]
+        return model.train(), batches, F.cross_entropy
+    model = tiny_lm(kind, "sdpa", n_layer=4, width=64, dropout=0.1 if kind == "gpt2" else 0.0)
+    model.config.use_cache = False
+    return model.train(), [lm_batch(4, 32, seed=100 + k) for k in range(2)], None
+
+
+@pytest.mark.parametrize("kind", ["sequential", "gpt2", "llama"])
+def test_installed_offload_plans_keep_gradients_and_move_the_planned_bytes(kind):
+    import copy
+
+    from memplan.executor.apply import _install, measure_step, profile_model, remove_checkpoint
+
+    model, batches, loss_fn = _installed_case(kind)
+    prof = profile_model(model, batches[0], loss_fn=loss_fn, repeats=1, warmup=0)
+    for plan in _offload_plans(prof, fractions=(0.6,)):
+        ref = copy.deepcopy(model)
+        _install(model, plan, prof, None, _host_device="cpu")
+        try:
+            from memplan.executor.apply import _INSTALLED
+
+            for batch in batches:  # the user's step, fresh batches
+                torch.manual_seed(7)
+                m = measure_step(model, batch, loss_fn=loss_fn, time_steps=0)
+                got = [p.grad.clone() for p in model.parameters()]
+                torch.manual_seed(7)
+                r = measure_step(ref, batch, loss_fn=loss_fn, time_steps=0)
+                assert m.loss == r.loss
+                assert all(torch.equal(a, p.grad) for a, p in zip(got, ref.parameters(), strict=True))
+            moved = _INSTALLED[model].offload.moved_bytes
+            planned = sum(prof.layers[op[1] - 1].saved_bytes if op[0] == "offload_record"
+                          else prof.layers[op[1] - 1].output_bytes
+                          for op in plan.ops() if op[0] in ("offload", "offload_record"))
+            if kind == "llama":  # the prefix's rotary tables are its record's and every block's
+                assert 0 < planned - moved <= 8192  # arguments: they stay (moving frees nothing)
+            else:
+                assert moved == planned
+            # on the CPU the host copies are CPU bytes too: device and host peaks together bound it
+            pred = plan.predicted
+            assert m.measured_peak_bytes <= pred.peak_bytes + pred.host_peak_bytes + 512
+        finally:
+            remove_checkpoint(model)
+
+
+def test_an_installed_plan_with_transfers_is_refused_on_the_cpu():
+    from memplan.executor.apply import InstallError, install_plan, installed_plan, profile_model
+
+    model, batches, loss_fn = _installed_case("sequential")
+    prof = profile_model(model, batches[0], loss_fn=loss_fn, repeats=1, warmup=0)
+    plan = _offload_plans(prof, fractions=(0.6,))[0]
+    with pytest.raises(InstallError) as err:
+        install_plan(model, plan, batches[0], loss_fn=loss_fn)
+    assert str(err.value) == SPEC_REFUSAL
+    assert installed_plan(model) is None
+
+
+def test_an_installed_plan_reading_a_record_on_the_host_fails_naming_it():
+    from memplan.executor.apply import InstallError, _install, profile_model, remove_checkpoint
+
+    model, batches, loss_fn = _installed_case("sequential")
+    prof = profile_model(model, batches[0], loss_fn=loss_fn, repeats=1, warmup=0)
+    plan = _offload_plans(prof, fractions=(0.6,))[0]
+    gone = next(op for op in plan.ops() if op[0] == "fetch_record")
+    broken = plan.model_copy(update={"schedule": [list(op) for op in plan.ops() if op != gone]})
+    _install(model, broken, prof, None, _host_device="cpu")
+    try:
+        with pytest.raises(InstallError, match=rf"the record of stage {gone[1]} is on the host; "
+                           rf"fetch it \(fetch_record {gone[1]}\) with the op before"):
+            loss_fn(model(batches[0][0]), batches[0][1]).backward()
+    finally:
+        remove_checkpoint(model)
