@@ -155,8 +155,9 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False,
             tot += x[ph]  # the gradient d_ph
         return tot
 
-    def bits(mask: int):
-        return [i for i in range(L + 1) if mask >> i & 1]
+    @cache
+    def bits(mask: int) -> tuple[int, ...]:
+        return tuple(i for i in range(L + 1) if mask >> i & 1)
 
     def host_bytes(hact: int, hrec: int) -> int:
         return sum(x[i] for i in bits(hact)) + sum(s[i] for i in bits(hrec))
@@ -175,21 +176,32 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False,
         i = op[1]
         return 1 << (i - 1), (1 << i if op[0] == "B" else 0)
 
-    def windows(act, rec, hact, hrec, elig_a, elig_r, op):
-        """(offloads, fetches, D, H) of every window op `op` may carry (rules 1 and 2)."""
+    def windows(act, rec, hact, hrec, elig_a, elig_r, op, ph2):
+        """(offloads, fetches, D, H) of every window op `op` may carry (rules 1 and 2), `ph2`
+        the phase after it. Left out, as they cannot lead to a better point: fetches that no op
+        possible next reads (their branch would die), offloads of an a_j the backward is done
+        with (`cleanup` drops it right after the window)."""
         if not bw:
             return [((), (), 0, 0)]
         i = op[1] if op[0] != "loss" else 0
         made_a = 1 << i if op[0] in ("F", "R") else 0
         freed_r = 1 << i if op[0] == "B" else 0
-        cand = [("offload", j) for j in bits(elig_a & act & ~made_a & ~1)]
-        cand += [("offload_record", j) for j in bits(elig_r & rec & ~freed_r)]
+        done = 0 if ph2 == BEFORE else ~((1 << ph2) - 1)  # a_j with j >= ph2
+        return _windows(elig_a & act & ~made_a & ~done & ~1, elig_r & rec & ~freed_r,
+                        hact, hrec, ph2)
+
+    @cache
+    def _windows(out_a: int, out_r: int, hact: int, hrec: int, ph2: int):
+        cand = [("offload", j) for j in bits(out_a)]
+        cand += [("offload_record", j) for j in bits(out_r)]
         outs = [()]
         for c in cand:
             outs += [o + (c,) for o in outs]
-        ins = [()] + [(("fetch", j),) for j in bits(hact)]
-        ins += [(("fetch_record", j),) for j in bits(hrec)]
-        ins += [(("fetch", j - 1), ("fetch_record", j)) for j in bits(hrec) if hact >> (j - 1) & 1]
+        # next readers: a_j by F/R/B j+1 (or the loss for j = L); record j by B j alone
+        ins = [()] + [(("fetch", j),) for j in bits(hact) if ph2 == BEFORE or j < ph2]
+        ins += [(("fetch_record", j),) for j in bits(hrec) if j == ph2]
+        ins += [(("fetch", j - 1), ("fetch_record", j)) for j in bits(hrec)
+                if j == ph2 and hact >> (j - 1) & 1]
         res = []
         for o in outs:
             D = sum(x[j] if n == "offload" else s[j] for n, j in o)
@@ -249,7 +261,7 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False,
                 continue  # a fetch the op does not read (rule 2)
             ea = (ra | (1 << op[1] if op[0] in ("F", "R") else 0)) & ~1
             er = 1 << op[1] if op[0] == "R" else 0
-            for outs, ins, D, H in windows(act, rec, hact, hrec, elig_a, elig_r, op):
+            for outs, ins, D, H in windows(act, rec, hact, hrec, elig_a, elig_r, op, ph2):
                 if held + D > host_cap:
                     continue
                 a4, r4, ha, hr = a2, r2, hact, hrec
