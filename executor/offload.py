@@ -18,8 +18,11 @@ NOTE [ Offload in the executor ]
    waits for the main stream (`wait_stream`), copies with non_blocking=True (offload: to a pinned host buffer; fetch: into a new device
    buffer allocated on the main stream) and records an event. `end_window()`, called after the
    window op (the next compute op), makes the main stream wait on the events; an offloaded
-   entry's device storage is then released (`record_stream` on the side stream keeps the
-   caching allocator from reusing it under a copy still running) and a fetched one's is set.
+   entry's device storage is then released and a fetched one's is set. No `record_stream`: a
+   storage is released only after the main stream waits on its copy, and its block is in the
+   main stream's pool (a fetch's buffer is allocated on the main stream too), so any reuse is
+   ordered after the copy; `record_stream` would also keep the block counted in
+   `max_memory_allocated` until the allocator polls the event, above the replay's bytes.
    Device bytes therefore follow the replay: an offloaded tensor is freed when its window ends,
    a fetched one is allocated when its window starts.
 4. Reading a tensor on the host (a_i in `F/R i+1`, `loss`, or record i and a pinned a_{i-1} in
@@ -380,7 +383,6 @@ class Offloader:
                 e.host.copy_(src, non_blocking=True)
                 e.event = torch.cuda.Event()
                 e.event.record(self._side)
-            src.record_stream(self._side)  # NOTE point 3
         self.moved_bytes += e.nbytes
         e.state = "to_host"
 
@@ -396,7 +398,6 @@ class Offloader:
                 dst.copy_(e.host, non_blocking=True)
                 e.event = torch.cuda.Event()
                 e.event.record(self._side)
-            dst.record_stream(self._side)
         e.storage = dst.untyped_storage()
         e.state = "to_device"
 
