@@ -19,9 +19,11 @@ left part P(s, s'-1) starts, while the forwards and the right part P(s', t) run.
    right part's first op when s' = s+1), fetch it with the right part's last op `B s'`; the
    forwards after the window and the right part (but its last op) run without x_{s-1}.
 
-These are the "eager offload, lazy fetch" schedules: every transfer rides on the compute op right
-after the tensor's last use and right before its next one (a later offload or an earlier fetch
-only holds the bytes longer). Each window is then one op whose bytes and seconds are closed forms:
+These are the "eager offload, lazy fetch" schedules: every offload rides on the forward right
+after the tensor's last use and every fetch on the backward right before its next one (a later
+offload or an earlier fetch only holds the bytes longer). The DP is exact over the persistent
+schedules of that class that the recurrence builds (tests/planner/test_offload.py: equal to the
+exhaustive search over the class on chains where late splits do not help). Each window is then one op whose bytes and seconds are closed forms:
 a sub-problem's first op is `R s` (record choices) or `F s` (splits), and its last op is always
 `B s`, at 2 x_{s-1} + s_s + x_s + tb_s bytes of its own. So each sub-problem keeps its frontier in
 four parts, by first op (R or F) and by whether its last op's inputs come back with the op before
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
+from operator import itemgetter
 
 from memplan.planner._optimal_dp import (
     Costs,
@@ -61,6 +64,7 @@ OFFLOAD_MAX_STAGES = 64
 # ("one",), ("rec", a, r, child) (a, r: a_{s-1} / s_s moved), ("split", s', off, right, left),
 # ("late", s', right, left)
 _ONE = ("one",)
+_KEY = itemgetter(0, 1, 2)
 _VARIANTS = (("R", False), ("R", True), ("F", False), ("F", True))
 
 
@@ -90,8 +94,9 @@ class OffloadFrontiers:
 
 def _envelope(cand: list[tuple], cap: int | None, host_cap: int | None) -> list[tuple]:
     """Pareto points of `cand` within the caps: (peak, time) without a host cap, (peak, host, time)
-    with one (NOTE [ offload in the recurrence ]); peaks ascending."""
-    cand.sort(key=lambda p: (p[0], p[1], p[2]))
+    with one (NOTE [ offload in the recurrence ]); peaks ascending. Times within 1e-12 relative
+    are ties (`_rel_eps`), as in planner/_optimal_dp.py."""
+    cand.sort(key=_KEY)
     out: list[tuple] = []
     if host_cap is None:
         best = float("inf")
@@ -99,7 +104,7 @@ def _envelope(cand: list[tuple], cap: int | None, host_cap: int | None) -> list[
             if cap is not None and pt[0] > cap:
                 break
             tm = pt[2]
-            if tm < best - _rel_eps(best if best != float("inf") else tm):
+            if tm < best - abs(best if best != float("inf") else tm) * 1e-12:
                 if out and out[-1][0] == pt[0]:
                     out[-1] = pt
                 else:
