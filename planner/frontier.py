@@ -1,5 +1,6 @@
 """The memory-time frontier: every Pareto-optimal (peak, time) of the optimal planner, from the
-store-all peak down to the least feasible budget, with each baseline strategy's point beside it.
+store-all peak down to the least feasible budget (banded mode: down to grouped's least peak,
+NOTE [ the frontier's modes ]), with each baseline strategy's point beside it.
 
 Every number is a replay (`memplan.planner.simulate`) of the schedule the point stands for.
 
@@ -10,14 +11,16 @@ NOTE [ the frontier's modes ]
    budget; elsewhere the banded DP without a budget (NOTE [ banded DP and its certificate ]
    there): the upper run's staircase is the frontier (schedules of the recurrence) and the lower
    run's staircase bounds every budget at once, so each point carries its own certified gap. The
-   upper run does not reach the tightest budgets (it offers no long left parts): on random chains
-   of 300 stages its least peak is 1.9 x the exact least peak (1,000: 2.5 x; grouped's 1.3 x and
-   2.5 x), with gaps of 16-22% there, under 1% above about a third of the store-all peak. A
-   wider band does not help there (300 stages, band 32: least peak 1.3 x, gap 42% at it), so it
-   stays at BAND_WIDTH; below the frontier's least peak, plan_optimal with that budget
-   gives a certified plan. On 1,000 identical blocks banded costs 3.8 s of CPU against memo's
-   14 (2026-12-05), but its least peak is 1.25 x the exact one: memo is the certified option
-   that covers every budget.
+   upper run does not reach the tightest budgets (it offers no long left parts): on the benchmark's
+   random chains its least peak is 1.9 x the exact least peak at 300 stages and 3.6 x at 1,000
+   (grouped's: 1.26 x and 2.55 x), with gaps of 16-22% there and under 0.05% above a third of the
+   store-all peak. A wider band does not help there (300 stages, band 32: least peak 1.32 x, gap
+   42% at it), so the band stays BAND_WIDTH. Below the upper run's least peak the grouped DP,
+   capped there (0.6 s at 1,000 stages against 9 s uncapped), gives the points (mode "grouped",
+   bounded by the same lower run); below grouped's least peak, plan_optimal with that budget
+   gives a certified plan. On 1,000 identical blocks banded costs 3.8 s of CPU against
+   memo's 14 s (2026-12-05), but its least peak is 1.25 x the exact one: memo is the certified
+   option that covers every budget.
 2. An explicit `exact_max_stages` keeps its meaning: grouped above it (`mode="grouped"` too), its
    points bounded by the banded lower run (with save policies, which the banded DP does not plan:
    by the store-all time, a plain bound). `mode` "exact", "memo", "banded" force one mode.
@@ -101,8 +104,9 @@ class Frontier(BaseModel):
 
     profile_name: str
     n_stages: int
-    mode: str = Field(description="'exact', 'memo' (exact), 'banded' or 'grouped' (NOTE [ the "
-                      "frontier's modes ])")
+    mode: str = Field(description="'exact', 'memo' (exact), 'banded' (its points below the "
+                      "banded run's least peak grouped: each point names its mode) or 'grouped' "
+                      "(NOTE [ the frontier's modes ])")
     store_all_time_s: float
     store_all_peak_bytes: int
     least_peak_bytes: int = Field(description="the least budget any schedule here fits")
@@ -246,21 +250,28 @@ def frontier(
     t_dp = perf_counter() - t0
     L = prof.n_stages
     used: dict[tuple[int, float], dict[str, int]] = {}
+    done: dict[tuple[int, float], str] = {}  # replayed points -> their mode
 
-    def replayed(peak: int) -> tuple[int, float]:
-        ops, pols = point_for(fr, bounds, peak, L, prof)
+    def replayed(run, groups_used, peak: int, point_mode: str) -> tuple[int, float]:
+        ops, pols = point_for(run, groups_used, peak, L, prof)
         sim = replay(prof, ops, None, pols)
         counts: dict[str, int] = {}
         for name in pols.values():
             counts[name] = counts.get(name, 0) + 1
         used[(sim.peak_bytes, sim.time_s)] = dict(sorted(counts.items()))
+        done[(sim.peak_bytes, sim.time_s)] = point_mode
         return sim.peak_bytes, sim.time_s
 
     dp_peaks, dp_times = fr.top()
     if bounds is None:  # a DP point is its schedule's replay: replay only those returned (3)
         front = _pareto(list(zip(dp_peaks, dp_times, strict=True)))
     else:
-        front = _pareto([replayed(peak) for peak in dp_peaks])
+        front = _pareto([replayed(fr, bounds, peak, mode) for peak in dp_peaks])
+    if mode == "banded" and front:  # below the upper run's least peak: grouped's points (1)
+        low, low_groups = solve_frontier(prof, cap_bytes=front[0][0] - 1,
+                                         exact_max_stages=max(1, L - 1), groups=groups)
+        below = [replayed(low, low_groups, peak, "grouped") for peak in low.top()[0]]
+        front = _pareto([q for q in below if q[0] < front[0][0]] + front)
     base = store_all_time(prof)
     rows = _baselines(prof)
     peaks = [p for p, _ in front]
@@ -275,7 +286,8 @@ def frontier(
             overhead=max(0.0, time_s / base - 1) if base > 0 else 0.0, dominated=dominated,
         ))
     idx = _thin(peaks, points, keep) if points is not None else range(len(front))
-    chosen = [front[i] if bounds is not None else replayed(front[i][0]) for i in idx]
+    chosen = [front[i] if front[i] in done else replayed(fr, bounds, front[i][0], mode)
+              for i in idx]
     if lower is None:  # exact: each point is its own bound
         lbs = [t for _, t in chosen]
     else:
@@ -292,7 +304,8 @@ def frontier(
         n_pareto=len(front),
         points=[
             FrontierPoint(peak_bytes=p, time_s=t,
-                          overhead=max(0.0, t / base - 1) if base > 0 else 0.0, mode=mode,
+                          overhead=max(0.0, t / base - 1) if base > 0 else 0.0,
+                          mode=done.get((p, t), mode),
                           lower_bound_s=lb, optimality_gap=gap_of(t, lb),
                           policies=used.get((p, t), {}))
             for (p, t), lb in zip(chosen, lbs, strict=True)
