@@ -230,7 +230,7 @@ class Offloader:
                     return t
                 entry = _Entry(t.untyped_storage(), "record", i)
                 self._live[ptr] = entry
-                self._rec[i].append(entry)
+                self._rec.setdefault(i, []).append(entry)
             elif entry.kind == "record" and entry.i != i:
                 entry.readers.add(i)  # NOTE point 5
             return _Saved(entry, t)

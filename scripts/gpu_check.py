@@ -19,7 +19,7 @@ Sections (`--sections`, comma-separated; default all):
   60% of the store-all peak the optimal plan with policies and the whole-block one, both run
   (measured against predicted; the policy plan's measured time over the whole-block one's).
 - offload: the host-device bandwidth (pinned copies each way, `measure_host_bandwidth`); GPT-2
-  medium (B 16) in bf16 planned by optimal with and without that `offload_bandwidth` at 25% to
+  medium (B 16) in bf16 planned by optimal with and without that `offload_bandwidth` at 15% to
   65% of the store-all peak (predicted time of both, a table); at the budget where offload
   saves the most predicted time, the offload plan and the recompute-only plan are run by the
   schedule runner: peak (`max_memory_allocated`) and step time against the prediction, and
@@ -89,7 +89,7 @@ FEATURE_PLANS = [("store-all", 0.6), ("uniform", 0.6), ("sqrt", 0.6), ("heuristi
 ANALYTIC_FIELDS = ("output_bytes", "saved_bytes", "param_bytes", "flops")
 OFFLOAD_MODEL = ("gpt2-medium-b16", MODELS["gpt2-medium-b16"])
 TINY_OFFLOAD_MODEL = ("tiny-b", TINY_MODELS["tiny-b"])
-OFFLOAD_FRACTIONS = (0.25, 0.35, 0.45, 0.55, 0.65)
+OFFLOAD_FRACTIONS = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65)
 CPU_STAND_IN_BANDWIDTH = 1e9  # bytes/s: plans on the CPU (no bandwidth to measure) for the logic
 
 
