@@ -229,12 +229,21 @@ SMALL = [
 ]
 
 
+# each chain's frontier as the oracle found it before it searched transfers (the same with and
+# without `persistent` on these chains)
+BEFORE_OFFLOAD = {
+    "three": [(21, 16.0), (17, 17.0), (15, 19.0), (14, 21.0)],
+    "uneven": [(28, 18.0), (25, 19.0), (20, 23.0)],
+}
+
+
 @pytest.mark.parametrize("prof", SMALL[1:], ids=lambda p: p.name)
 def test_without_bandwidth_the_oracle_is_todays(prof):
-    # with no bandwidth (or no host memory) no transfer is searched: one frontier, with the
-    # persistent one matching the independent memoised recursion at every point
+    # with no bandwidth (or no host memory) no transfer is searched: the frontier found before,
+    # the persistent one matching the independent memoised recursion at every point
     for persistent in (False, True):
         plain = exhaustive_frontier(prof, persistent=persistent)
+        assert _pairs(plain) == BEFORE_OFFLOAD[prof.name]
         assert not any(op[0] in TRANSFERS for _, _, ops in plain for op in ops)
         assert exhaustive_frontier(prof, persistent=persistent, offload_bandwidth=None) == plain
         assert exhaustive_frontier(prof, persistent=persistent, offload_bandwidth=0.0) == plain
@@ -267,3 +276,22 @@ def test_free_transfers_lower_the_peak_at_store_all_time():
     assert fast[0][:2] == (20, 36.0)
     _check_points(prof, fast, 1e12)
     assert any(op[0] in TRANSFERS for op in fast[0][2])
+
+
+def test_offloading_a_kept_input_that_a_record_pins_later():
+    # a_1 made by F 1, moved to the host while R 2 runs (it pins a_1), back with B 3 beside
+    # record 2: 19 bytes in 24 s, where recompute alone needs 26 s at 19 bytes (by hand: B 3's
+    # window fetches 4 bytes at 0.5 bytes/s, 8 s against b_3 = 6 s: 2 s of wait)
+    prof = chain([4, 2, 1, 4], [1, 4, 4], [5, 1, 6], [3, 2, 5], [1, 0, 2], [0, 0, 0], name="pin")
+    assert _pairs(exhaustive_frontier(prof, persistent=True)) == [(25, 21.0), (22, 22.0),
+                                                                   (18, 26.0)]
+    front = exhaustive_frontier(prof, persistent=True, offload_bandwidth=0.5)
+    assert _pairs(front) == [(23, 21.0), (20, 22.0), (19, 24.0), (18, 26.0)]
+    _check_points(prof, front, 0.5)
+    ops = parse_schedule([["F", 1], ["offload", 1], ["R", 2], ["offload_record", 2], ["R", 3],
+                          ["loss"], ["drop", 3], ["fetch", 1], ["fetch_record", 2], ["B", 3],
+                          ["drop", 2], ["B", 2], ["drop", 1], ["R", 1], ["drop", 1], ["B", 1]])
+    sim = replay(prof, ops, offload_bandwidth=0.5)
+    assert (sim.peak_bytes, sim.time_s, sim.host_peak_bytes, sim.transfer_wait_s) == (19, 24.0, 4,
+                                                                                     2.0)
+    assert sim.timeline == [7, 6, 9, 7, 18, 18, 18, 14, 14, 19, 10, 11, 8, 12, 11, 13]
