@@ -307,10 +307,11 @@ class PlanRequest(BaseModel):
         # 2. `host_memory_bytes` bounds what offload puts on the host: without
         #    `offload_bandwidth` nothing is offloaded, and the bound would silently do nothing.
         # 3. A bandwidth of 0 is no offload, as null: today's plans (a host bound is then moot).
-        # 4. What the offload DP (planner/_optimal_offload.py) does not plan is refused here, so
-        #    that the error names the request's own field: stored checkpoints (`checkpoint_dtype`
-        #    other than compute; docs/chain-model.md section 10.9, rule 6), modes other than auto
-        #    and exact, save policies, chains longer than OFFLOAD_MAX_STAGES.
+        # 4. Options the offload DP (planner/_optimal_offload.py) does not plan with are refused
+        #    here, naming the request's own field: stored checkpoints (`checkpoint_dtype` other
+        #    than compute; docs/chain-model.md section 10.9, rule 6) and modes other than auto and
+        #    exact. What depends on the profile (save policies, chains longer than
+        #    OFFLOAD_MAX_STAGES) plan_optimal refuses at once, naming `offload_bandwidth`.
         opts = self.options
         if not isinstance(opts, OptimalOptions):
             return
@@ -329,18 +330,6 @@ class PlanRequest(BaseModel):
             raise PlanError(f"{opts.mode!r} with options.offload_bandwidth: offload is planned by "
                             "the exact DP only; use auto or exact, or plan without "
                             "offload_bandwidth", field="options.mode")
-        from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES
-
-        n = self.profile.n_stages
-        if n > OFFLOAD_MAX_STAGES:
-            raise PlanError(f"offload is planned for chains of up to {OFFLOAD_MAX_STAGES} stages "
-                            f"(its DP is pure Python) and this profile has {n}; profile coarser "
-                            "stages (a block per stage) or plan without offload_bandwidth",
-                            field="options.offload_bandwidth")
-        if self.profile.has_policies:
-            raise PlanError("save policies and offload are not planned together; plan the "
-                            "profile without its policies, or without offload_bandwidth",
-                            field="options.offload_bandwidth")
 
     def option_kwargs(self) -> dict[str, Any]:
         """The strategy's options given (not defaulted), as keyword arguments."""
@@ -430,6 +419,18 @@ def frontier_request(**fields: Any) -> FrontierRequest:
 # doubled from 16 stages while the gap is large; on the loaded two-core test machine 1,000 stages
 # took 59 s where the exact DP at 200 took 18 s), the memoised one ~8 x L^2. `steps` compares requests, it is not a
 # time: on two cores one step is about 0.1-2 us.
+# Offload (options.offload_bandwidth, planner/_optimal_offload.py) runs a pure-Python DP whose
+# frontiers grow with the distinct byte sums a chain has, so its work depends on whether stages
+# repeat. Measured (CPU seconds, the shared two-core machine, a budget of half the store-all peak,
+# 2026-12-05): chains of distinct stages (tests' make_profile) 0.04 s at 10 stages, 1.3 s at 20,
+# 4.9 s at 25, 12-15.5 s at 30 (124 MiB resident), over 100 s at 40, about L^6 / 100 steps of
+# 2 us (at 25 GB/s, where every transfer hides, 40 stages took 5 s: the time coordinate
+# collapses); GPT blocks (examples/gpt24.json's, repeated) 1.0 s at 26, 2.5 s at 38, 9.9 s at 50,
+# 29 s at 64, about L^4 steps. A host budget (host_memory_bytes) makes the frontiers
+# three-dimensional: 0.3 s at 8 distinct stages, 1.8 s at 9, 5-6 s at 10 (x60-x300); gpt24 at a
+# tenth of its store-all peak, 7.7 s at 2 MB/s and over 150 s at 25 GB/s; counted as x L^2 more
+# (x 3 L^2 distinct). A request the estimate lets through and that then runs long is a planning
+# process's, which its time limit kills. Chains over OFFLOAD_MAX_STAGES are refused at once.
 _UNCAPPED = 8
 _BAND = 160
 _SLOT_STEP = 64
@@ -482,6 +483,8 @@ def estimate_work(request: PlanRequest | FrontierRequest) -> Work:
     if strategy == "heuristic":
         return Work(float(_PY_STEP * n * n), 0.0, "profile.layers")
     budgeted = request.budget_bytes is not None or request.memory_bytes is not None
+    if opts.offload_bandwidth:
+        return _offload_work(request.profile, host_capped=opts.host_memory_bytes is not None)
     if opts.mode == "slotted":
         s = opts.slots
         return Work(n**3 * s / _SLOT_STEP, 20.0 * (n + 2) * (n + 1) * (s + 1), "options.slots")
@@ -497,3 +500,24 @@ def estimate_work(request: PlanRequest | FrontierRequest) -> Work:
     if stored or not capped:
         steps += _PY_STEP * n * n  # walking the frontier's points, replaying each
     return Work(float(steps), 48.0 * m * m, driver)
+
+
+def _offload_work(profile: Profile, *, host_capped: bool) -> Work:
+    """The offload DP's work (NOTE [ work estimate ]): ~L^4 steps when the chain's stages repeat
+    (at most one distinct byte signature in four stages), ~L^6 / 100 when they do not; x L^2
+    (repeated) or x 3 L^2 (distinct) more with a host budget."""
+    from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES
+
+    n = profile.n_stages
+    if n > OFFLOAD_MAX_STAGES:  # plan_optimal refuses it before any work
+        return Work(float(n), 0.0, "profile.layers")
+    shapes = {(la.output_bytes, la.saved_bytes, la.forward_temp_bytes, la.backward_temp_bytes)
+              for la in profile.layers}
+    repeated = 4 * len(shapes) <= n
+    steps = float(n**4) if repeated else n**6 / 100
+    if host_capped:
+        steps *= n * n if repeated else 3 * n * n
+    # frontiers of Python tuples: 4 variants of n^2 / 2 sub-problems, ~n points each (repeated)
+    # or ~n^2 (distinct), ~40 bytes a point as measured (64 MiB at 30 distinct stages)
+    points = n if repeated else n * n
+    return Work(steps, 80.0 * n * n * points * (n if host_capped else 1), "profile.layers")

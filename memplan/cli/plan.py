@@ -22,6 +22,7 @@ _OPTION = {
     "budget_bytes": "--budget", "memory_bytes": "--memory", "n_gpus": "--gpus",
     "zero_stage": "--zero-stage", "max_overhead": "--max-overhead", "k": "--k",
     "checkpoint_dtype": "--checkpoint-dtype", "tolerance": "--tolerance", "precision": "--precision",
+    "offload_bandwidth": "--offload-bandwidth", "host_memory_bytes": "--host-memory",
 }
 
 
@@ -40,6 +41,31 @@ def _sizes(budget: str | None, memory: str | None) -> dict:
     if memory is not None:
         return {"memory_bytes": _size(memory, "--memory")}
     return {}
+
+
+def parse_bandwidth(text: str, option: str) -> float:
+    """Bytes/s (float) from '25GB/s', '25GiB/s', '25GB' or '25e9'. Raises ValueError naming
+    `option`; the bounds (above 0) are the request's to check."""
+    from memplan.planner.units import parse_bytes
+
+    raw = text.strip()
+    if raw.lower().endswith("/s"):
+        raw = raw[:-2]
+    try:
+        return float(parse_bytes(raw, field=option))
+    except ValueError:
+        raise ValueError(f"{option}: cannot read {text!r} as bytes per second; write e.g. "
+                         "25GB/s, 25GiB/s or 25e9") from None
+
+
+def _offload(bandwidth: str | None, host_memory: str | None) -> dict:
+    """optimal's offload_bandwidth and host_memory_bytes from --offload-bandwidth and --host-memory."""
+    out: dict = {}
+    if bandwidth is not None:
+        out["offload_bandwidth"] = parse_bandwidth(bandwidth, "--offload-bandwidth")
+    if host_memory is not None:
+        out["host_memory_bytes"] = _size(host_memory, "--host-memory")
+    return out
 
 
 def parse_fraction(text: str, option: str) -> float:
@@ -109,6 +135,16 @@ def plan_cmd(
         typer.Option(help="largest relative gradient error lossy storage may add (default: the "
                      "policy's own, 0 for fp32)"),
     ] = None,
+    offload_bandwidth: Annotated[
+        str | None,
+        typer.Option(help="optimal: host-device bandwidth each way (25GB/s, 25GiB/s or bytes/s); "
+                     "the plan may also move kept activations to host memory and back"),
+    ] = None,
+    host_memory: Annotated[
+        str | None,
+        typer.Option(help="optimal with --offload-bandwidth: host memory offloaded activations may "
+                     "take (64GiB, ...; default: no limit)"),
+    ] = None,
     gpus: Annotated[int, typer.Option(help="data-parallel GPUs (model states sharded by --zero-stage)")] = 1,
     zero_stage: Annotated[int, typer.Option(help="ZeRO stage 0-3: which model states are sharded")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="print the Plan as JSON")] = False,
@@ -121,6 +157,7 @@ def plan_cmd(
     options: dict = {"k": k} if k is not None else {}
     if max_overhead is not None:
         options["max_overhead"] = parse_fraction(max_overhead, "--max-overhead")
+    options.update(_offload(offload_bandwidth, host_memory))
     # validated once, here: the same request is sent to a server or planned locally
     request = plan_request_of(prof, strategy=strategy, sizes=_sizes(budget, memory),
                               options=options, n_gpus=gpus, zero_stage=zero_stage,
@@ -156,6 +193,11 @@ def plan_cmd(
 def simulate_cmd(
     profile: Annotated[Path, typer.Argument(help="profile JSON")],
     schedule: Annotated[Path, typer.Argument(help="schedule JSON: a list of ops, or a Plan")],
+    offload_bandwidth: Annotated[
+        str | None,
+        typer.Option(help="host-device bandwidth for transfer ops (25GB/s, ...; default: a Plan's "
+                     "own options.offload_bandwidth)"),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the replay as JSON")] = False,
 ) -> None:
     """Replay SCHEDULE over PROFILE: validity, time, peak and the memory timeline."""
@@ -169,7 +211,16 @@ def simulate_cmd(
     policies = raw.get("stage_policies") if isinstance(raw, dict) else None
     if policies is not None and not isinstance(policies, dict):
         raise ValueError("stage_policies: expected an object {stage: policy name}")
-    sim = simulate(prof, ops, policies={int(k): v for k, v in (policies or {}).items()} or None)
+    bw = None
+    if offload_bandwidth is not None:
+        bw = parse_bandwidth(offload_bandwidth, "--offload-bandwidth")
+        if not bw > 0:
+            raise ValueError(f"--offload-bandwidth: must be above 0 bytes/s, got {offload_bandwidth!r}")
+    elif isinstance(raw, dict) and isinstance(raw.get("options"), dict):
+        bw = raw["options"].get("offload_bandwidth")  # a Plan planned with offload
+    extra = {"offload_bandwidth": float(bw)} if bw is not None else {}
+    sim = simulate(prof, ops, policies={int(k): v for k, v in (policies or {}).items()} or None,
+                   **extra)
     data = {
         "valid": sim.valid,
         "error": sim.error,
@@ -181,6 +232,9 @@ def simulate_cmd(
         "overhead": sim.overhead,
         "timeline": sim.timeline,
     }
+    if bw is not None:
+        data.update(offload_bandwidth=float(bw), host_peak_bytes=sim.host_peak_bytes,
+                    transfer_wait_s=sim.transfer_wait_s, offloaded_bytes=sim.offloaded_bytes)
     if json_out:
         echo_json(data)
     else:
@@ -192,6 +246,10 @@ def simulate_cmd(
                 f"valid: time {sim.time_s:.6g} s (+{sim.overhead:.1%}), peak {format_bytes(sim.peak_bytes)}"
                 f" ({sim.peak_bytes} B; {format_bytes(sim.total_peak_bytes)} with fixed memory)"
             )
+            if bw is not None:
+                out.print(f"offload at {format_rate(float(bw))}: host peak "
+                          f"{format_bytes(sim.host_peak_bytes)} ({sim.host_peak_bytes} B), transfer "
+                          f"wait {sim.transfer_wait_s:.6g} s")
         else:
             out.print(f"invalid: {sim.error}")
     if not sim.valid:
@@ -208,6 +266,7 @@ def _print_plan(prof, plan) -> None:
         if op[0] in ("F", "R"):
             counts[op[1] - 1] += 1
     checkpoints = set(plan.checkpoints)
+    moved = offloaded_by_stage(plan.schedule)
     if plan.schedule:
         rows = []
         for i, layer in enumerate(prof.layers, start=1):
@@ -220,11 +279,15 @@ def _print_plan(prof, plan) -> None:
                    f"{rec.forward_s * 1e3:.3f} ms", format_bytes(rec.saved_bytes)]
             if prof.has_policies:
                 row.insert(3, policy)
+            if moved:
+                row.insert(len(row) - 2, ", ".join(moved.get(i, [])))
             rows.append(row)
         cols = [Col("stage"), Col("name", number=False), Col("role", number=False),
                 Col("output kept", number=False), Col("forward", drop=2), Col("saved", drop=1)]
         if prof.has_policies:  # the save policy of each recorded forward (section 10.8)
             cols.insert(3, Col("saves", number=False))
+        if moved:  # what rides to host memory and back (docs/chain-model.md section 10.9)
+            cols.insert(len(cols) - 2, Col("offloaded", number=False))
         table = fitted_table(f"{prof.name}: {plan.strategy} plan", cols, rows)
         out.print(table)
     status = "[green]feasible[/green]" if plan.feasible else "[red]infeasible[/red]"
@@ -238,3 +301,47 @@ def _print_plan(prof, plan) -> None:
             f"{format_bytes(p.total_peak_bytes)} with fixed memory; "
             f"step time {p.time_s:.6g} s, recompute {p.recompute_s:.6g} s (+{p.overhead:.1%})"
         )
+        for line in offload_lines(plan):
+            out.print(line)
+
+
+def offloaded_by_stage(schedule) -> dict[int, list[str]]:
+    """Stage i -> what the schedule moves to host memory ("output" for a_i, "record" for the
+    record of stage i), in schedule order; empty when it moves nothing."""
+    names = {"offload": "output", "offload_record": "record"}
+    out: dict[int, list[str]] = {}
+    for op in schedule or ():
+        what = names.get(op[0])
+        if what is not None and what not in out.setdefault(op[1], []):
+            out[op[1]].append(what)
+    return {i: sorted(moved, key=("output", "record").index) for i, moved in out.items()}
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """'25 GB/s' style (decimal units, as links are quoted), bytes per second in."""
+    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.4g} {unit}"
+    return f"{bytes_per_s:.4g} B/s"
+
+
+def offload_lines(plan) -> list[str]:
+    """The lines a plan with offload adds to its summary: the bandwidth it was planned for, the
+    host peak (bytes) and the transfer wait (seconds the compute waited for copies)."""
+    from memplan.planner.units import format_bytes
+
+    bw = (plan.options or {}).get("offload_bandwidth")
+    p = plan.predicted
+    if bw is None or p is None:
+        return []
+    host = getattr(p, "host_peak_bytes", 0) or 0
+    wait = getattr(p, "transfer_wait_s", 0.0) or 0.0
+    n = sum(1 for op in plan.schedule if op[0] in ("offload", "offload_record"))
+    limit = (plan.options or {}).get("host_memory_bytes")
+    lines = [f"offload at {format_rate(bw)} each way: {n} tensors moved to host memory"
+             + ("" if n else " (recompute and keeping were no slower)")]
+    if n:
+        lines.append(f"host peak: {format_bytes(host)} ({host} B)"
+                     + (f" of {format_bytes(limit)} allowed" if limit is not None else ""))
+        lines.append(f"transfer wait: {wait:.6g} s (compute waiting for copies, in the step time)")
+    return lines

@@ -52,7 +52,7 @@ from starlette.concurrency import run_in_threadpool
 
 from memplan import planner
 
-__all__ = ["router", "PlanRequest", "FrontierRequest", "StrategyName", "OptionValue"]
+__all__ = ["router", "PlanRequest", "FrontierRequest", "StrategyName", "OptionValue", "plan_problem"]
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], dependencies=[Depends(require_api_key)])
 
@@ -197,8 +197,17 @@ def _plan_json(body: PlanRequest) -> bytes:
     try:
         plan = call_library(planner.plan_for, body, value_errors=False)
     except (PlanError, ProfileError) as err:
-        raise library_error(err, prefix="body") from None
+        raise plan_problem(err, body) from None
     return plan.model_dump_json().encode()
+
+
+def plan_problem(err: PlanError | ProfileError, body: PlanRequest) -> ProblemError:
+    """The 422 for a library error while planning `body`, naming the field where the request has
+    it: a strategy's own check names its option (plan_optimal's "offload_bandwidth: ..."), which
+    the request nests under `options`."""
+    field = getattr(err, "field", None)
+    nested = field is not None and "." not in field and field in type(body.options).model_fields
+    return library_error(err, prefix="body.options" if nested else "body")
 
 
 @router.post(

@@ -28,10 +28,15 @@ from memplan.service.deps import SettingsDep, body_openapi, json_body, require_a
 from memplan.service.problems import (
     ProblemError,
     call_library,
-    library_error,
     problem_responses,
 )
-from memplan.service.routers.plans import PlanRequest, check_stages, check_work, run_bounded
+from memplan.service.routers.plans import (
+    PlanRequest,
+    check_stages,
+    check_work,
+    plan_problem,
+    run_bounded,
+)
 from pydantic import BaseModel, Field
 
 from memplan import planner
@@ -133,7 +138,7 @@ def _plan_with_timeline(body: PlanRequest) -> bytes:
         plan = call_library(planner.plan_for, body, value_errors=False)
         timeline = call_library(plan_timeline, body.profile, plan) if plan.schedule else None
     except (PlanError, ProfileError) as err:
-        raise library_error(err, prefix="body") from None
+        raise plan_problem(err, body) from None
     return TimelineResponse(plan=plan, timeline=timeline).model_dump_json().encode()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +149,90 @@ def test_frontier_points_are_validated_in_one_line(profile_path):
     res = runner.invoke(app, ["frontier", str(profile_path), "--points", "1"])
     assert res.exit_code == 2 and res.stderr.count("\n") == 1
     assert "--points: expected an integer >= 2" in res.stderr
+
+
+def test_plan_with_offload_table_json_and_simulate(profile_path, tmp_path):
+    # the chain model's worked example at budget 20 (docs/chain-model.md section 10.9): 47 s by
+    # recompute alone, 36 s (the store-all time) when records ride to the host at 2 bytes/s
+    res = runner.invoke(app, ["plan", str(profile_path), "--budget", "20", "--offload-bandwidth",
+                              "2B/s", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["predicted"]["time_s"] == 36 and data["predicted"]["peak_bytes"] == 20
+    assert data["predicted"]["host_peak_bytes"] == 11 and data["predicted"]["transfer_wait_s"] == 0
+    assert data["options"]["offload_bandwidth"] == 2.0
+    moved = {(op[0], op[1]) for op in data["schedule"] if op[0].startswith(("offload", "fetch"))}
+    assert {("offload", 1), ("fetch", 1), ("offload_record", 2), ("fetch_record", 2)} <= moved
+    from memplan import planner
+
+    assert data["schedule"] == [list(op) for op in planner.plan(
+        worked_example(), budget_bytes=20, offload_bandwidth=2.0).schedule]
+    # the table: what each stage sends to the host, the host peak and the transfer wait
+    res = runner.invoke(app, ["plan", str(profile_path), "--budget", "20", "--offload-bandwidth",
+                              "2"], env={"COLUMNS": "120"})
+    assert res.exit_code == 0, res.output
+    assert "offloaded" in res.output and "output, record" in res.output
+    assert "offload at 2 B/s each way: 4 tensors moved to host memory" in res.output
+    assert "host peak: 11 B (11 B)" in res.output and "transfer wait: 0 s" in res.output
+    # a host budget of 6 bytes: 43 s
+    res = runner.invoke(app, ["plan", str(profile_path), "--budget", "20", "--offload-bandwidth",
+                              "2", "--host-memory", "6", "--json"])
+    data6 = json.loads(res.stdout)
+    assert data6["predicted"]["time_s"] == 43 and data6["predicted"]["host_peak_bytes"] <= 6
+    # simulate takes the bandwidth from the Plan, or from --offload-bandwidth for a bare list
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(data))
+    res = runner.invoke(app, ["simulate", str(profile_path), str(plan_path), "--json"])
+    assert res.exit_code == 0, res.output
+    sim = json.loads(res.stdout)
+    assert sim["time_s"] == 36 and sim["host_peak_bytes"] == 11 and sim["offload_bandwidth"] == 2.0
+    ops_path = tmp_path / "ops.json"
+    ops_path.write_text(json.dumps(data["schedule"]))
+    res = runner.invoke(app, ["simulate", str(profile_path), str(ops_path)])
+    assert res.exit_code == 1 and "needs offload_bandwidth > 0" in res.output
+    res = runner.invoke(app, ["simulate", str(profile_path), str(ops_path), "--offload-bandwidth",
+                              "1", "--json"])
+    slow = json.loads(res.stdout)  # half the bandwidth: 3 s of the step wait for copies
+    assert res.exit_code == 0 and slow["time_s"] == 39 and slow["transfer_wait_s"] == 3
+
+
+def test_offload_bandwidth_units_and_errors(profile_path):
+    from memplan.cli.plan import parse_bandwidth
+
+    assert parse_bandwidth("25GB/s", "--x") == 25e9
+    assert parse_bandwidth("25GiB/s", "--x") == 25 * 2**30
+    assert parse_bandwidth(" 12e9 ", "--x") == 12e9 and parse_bandwidth("64 GB", "--x") == 64e9
+    for args, needle in [
+        (["--offload-bandwidth", "fast"], "--offload-bandwidth: cannot read 'fast' as bytes per second"),
+        (["--offload-bandwidth", "-1GB/s"], "--offload-bandwidth: "),
+        (["--host-memory", "6"], "--host-memory: bounds the host memory"),
+        (["--offload-bandwidth", "2", "--host-memory", "lots"], "--host-memory: cannot read 'lots'"),
+        (["--offload-bandwidth", "2", "--strategy", "uniform"],
+         "--offload-bandwidth: strategy 'uniform' takes no such option"),
+        (["--offload-bandwidth", "2", "--checkpoint-dtype", "bf16"],
+         "--checkpoint-dtype: 'bf16' with options.offload_bandwidth"),
+    ]:
+        res = runner.invoke(app, ["plan", str(profile_path), "--budget", "20", *args])
+        assert res.exit_code == 2 and res.stderr.count("\n") == 1, (args, res.output)
+        assert needle in res.stderr, res.stderr
+    # 0 is no offload: today's plan
+    zero = runner.invoke(app, ["plan", str(profile_path), "--budget", "20", "--offload-bandwidth",
+                               "0", "--json"])
+    plain = runner.invoke(app, ["plan", str(profile_path), "--budget", "20", "--json"])
+    assert json.loads(zero.stdout)["schedule"] == json.loads(plain.stdout)["schedule"]
+    assert json.loads(plain.stdout)["predicted"]["time_s"] == 47
+
+
+def test_offload_plans_without_torch_or_a_device(profile_path):
+    # planning offload is arithmetic: no torch, no CUDA (only running the plan needs a device)
+    code = (
+        "import sys; from memplan.cli import app\n"
+        f"app(['plan', {str(profile_path)!r}, '--budget', '20', '--offload-bandwidth', '2B/s', "
+        "'--json'], standalone_mode=False)\n"
+        "assert 'torch' not in sys.modules, 'memplan plan imported torch'\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["predicted"]["host_peak_bytes"] == 11
+

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+from pathlib import Path
 
 import pytest
 from memplan.planner.request import (
@@ -23,6 +24,8 @@ from memplan.planner.schema import PlanError
 from memplan import planner
 from tests.planner.chains import worked_example
 from tests.service.conftest import make_profile
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_optimal_modes_are_the_planners():
@@ -143,18 +146,6 @@ def test_offload_options_are_kept_as_given():
     assert props["host_memory_bytes"]["anyOf"][0]["maximum"] == 2**60
 
 
-def test_offload_is_refused_where_its_dp_does_not_plan():
-    from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES
-
-    long = make_profile(OFFLOAD_MAX_STAGES + 1)
-    with pytest.raises(PlanError, match=f"up to {OFFLOAD_MAX_STAGES} stages .* has "
-                       f"{OFFLOAD_MAX_STAGES + 1}") as err:
-        plan_request(profile=long, options={"offload_bandwidth": 25e9})
-    assert err.value.field == "options.offload_bandwidth"
-    plan_request(profile=make_profile(OFFLOAD_MAX_STAGES), options={"offload_bandwidth": 25e9})
-    plan_request(profile=long, options={"offload_bandwidth": 0})  # no offload: any length
-
-
 @pytest.mark.parametrize("strategy", STRATEGY_NAMES)
 def test_plan_and_plan_for_are_one_path(strategy):
     prof = worked_example()
@@ -205,3 +196,31 @@ def test_work_estimate_follows_the_options():
     assert estimate_work(plan_request(profile=prof, strategy="uniform")).steps > k.steps
     fr = estimate_work(frontier_request(profile=prof, options={"groups": 2000}))
     assert fr.driver == "options.groups" and fr.steps >= 8 * 1500**3
+
+
+def test_work_estimate_of_offload_follows_repetition_and_the_host_budget():
+    # NOTE [ work estimate ]: the offload DP is pure Python, its frontiers grow with the distinct
+    # byte sums of the chain: ~L^4 steps for repeated blocks, ~L^6 / 100 for distinct stages
+    from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES
+    from memplan.profiler.schema import load_profile
+
+    gpt = load_profile(json.loads((REPO / "examples" / "gpt24.json").read_text()))
+    assert gpt.n_stages == 26
+    bw = {"offload_bandwidth": 25e9}
+    work = estimate_work(plan_request(profile=gpt, budget_bytes=2**32, options=bw))
+    assert work.steps == 26**4 and work.driver == "profile.layers"
+    host = estimate_work(plan_request(profile=gpt, budget_bytes=2**32,
+                                      options={**bw, "host_memory_bytes": 2**30}))
+    assert host.steps == 26**6
+    distinct = make_profile(30)
+    work = estimate_work(plan_request(profile=distinct, budget_bytes=10**5, options=bw))
+    assert work.steps == 30**6 / 100 and work.table_bytes == 80 * 30**4
+    host = estimate_work(plan_request(profile=distinct, budget_bytes=10**5,
+                                      options={**bw, "host_memory_bytes": 10**5}))
+    assert host.steps == 30**6 / 100 * 3 * 30**2
+    # no offload (0 or null): the plain DP's estimate; too long a chain: refused before any work
+    plain = estimate_work(plan_request(profile=distinct, budget_bytes=10**5))
+    assert estimate_work(plan_request(profile=distinct, budget_bytes=10**5,
+                                      options={"offload_bandwidth": 0})) == plain
+    long = make_profile(OFFLOAD_MAX_STAGES + 1)
+    assert estimate_work(plan_request(profile=long, options=bw)).steps == OFFLOAD_MAX_STAGES + 1

@@ -168,3 +168,57 @@ def test_frontier_not_acceptable(client, profile):
     r = client.post("/v1/plans/frontier", json={"profile": profile}, headers={"Accept": "text/csv"})
     problem = _problem(r, 406)
     assert "image/png" in problem["detail"]
+
+
+def test_plan_with_offload(client, gpt24):
+    # docs/chain-model.md section 10.9: GPT-2 medium's blocks (examples/gpt24.json) forward in
+    # 0.8 ms and record 240 MiB, so a record hides behind a forward from about 315 GB/s; at
+    # 25 GB/s offload moves block inputs only (16 MiB) and is no faster than recompute alone
+    from memplan.planner.simulate import replay
+    from memplan.profiler.schema import load_profile
+
+    budget = 4_251_821_673  # 40% of the store-all peak
+    recompute = planner.plan(gpt24, budget_bytes=budget).predicted
+    for bw, faster in ((25e9, False), (400e9, True)):
+        body = {"profile": gpt24, "budget_bytes": budget, "options": {"offload_bandwidth": bw}}
+        r = client.post("/v1/plans", json=body)
+        assert r.status_code == 200, r.text
+        plan = r.json()
+        assert _timeless(plan) == _timeless(planner.plan(
+            gpt24, budget_bytes=budget, offload_bandwidth=bw).model_dump(mode="json"))
+        p = plan["predicted"]
+        assert plan["feasible"] and p["peak_bytes"] <= budget
+        assert plan["options"]["offload_bandwidth"] == bw
+        assert plan["options"]["host_memory_bytes"] is None
+        assert any(op[0] == "offload_record" for op in plan["schedule"]) == faster
+        assert (p["time_s"] < recompute.time_s * (1 - 1e-6)) == faster
+        assert p["time_s"] <= recompute.time_s * (1 + 1e-12)
+        sim = replay(load_profile(gpt24), plan["schedule"], offload_bandwidth=bw)
+        assert (sim.peak_bytes, sim.host_peak_bytes) == (p["peak_bytes"], p["host_peak_bytes"])
+        assert sim.time_s == p["time_s"] and sim.transfer_wait_s == p["transfer_wait_s"]
+    # the timeline of the page: the same plan, its transfer ops named like the others
+    r = client.post("/v1/plans/timeline", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["plan"]["schedule"] == plan["schedule"]
+    assert got["timeline"]["ops"] == [" ".join(map(str, op)) for op in plan["schedule"]]
+    assert "offload_record 2" in got["timeline"]["ops"]
+
+
+@pytest.mark.parametrize(("patch", "field"), [
+    ({"options": {"offload_bandwidth": -1}}, "body.options.offload_bandwidth"),
+    ({"options": {"offload_bandwidth": "25GB/s"}}, "body.options.offload_bandwidth"),
+    ({"options": {"host_memory_bytes": 10**9}}, "body.options.host_memory_bytes"),
+    ({"options": {"offload_bandwidth": 1e9, "host_memory_bytes": -5}}, "body.options.host_memory_bytes"),
+    ({"strategy": "heuristic", "options": {"offload_bandwidth": 1e9}}, "body.options.offload_bandwidth"),
+    ({"options": {"offload_bandwidth": 1e9, "mode": "banded"}}, "body.options.mode"),
+    ({"checkpoint_dtype": "bf16", "options": {"offload_bandwidth": 1e9}}, "body.checkpoint_dtype"),
+    # the planner's own check (the chain's length), named where the request has it
+    ({"profile": make_profile(65), "options": {"offload_bandwidth": 1e9}},
+     "body.options.offload_bandwidth"),
+])
+def test_offload_errors_name_the_field(client, profile, patch, field):
+    for path in ("/v1/plans", "/v1/plans/timeline"):
+        r = client.post(path, json={"profile": profile, "budget_bytes": 10**5, **patch})
+        problem = _problem(r, 422)
+        assert problem["errors"][0]["field"] == field, problem
