@@ -4,11 +4,13 @@ the plain memoised recursion (the tests' oracle) on the same chains and budgets,
 against exact at 100 and 200 stages, and the long-chain table: "auto" (memo or banded) on random
 and transformer-like chains of 300, 500 and 1,000 stages at 10%, 20% and 40% of the store-all peak,
 each plan's time, mode, certified gap and its time against the exact optimum kept in
-benchmarks/data/optimal_exact.json (benchmarks/bench_optimal_exact.py computes those once). Run:
-    .venv/bin/python benchmarks/bench_optimal.py [--quick] [--long-only] [--blocks-only]
+benchmarks/data/optimal_exact.json (benchmarks/bench_optimal_exact.py computes those once), and the
+frontier of those chains at 300 and 1,000 stages (mode, time, each point's certified gap). Run:
+    .venv/bin/python benchmarks/bench_optimal.py [--quick] [--long-only] [--blocks-only] [--frontier]
 (--blocks-only: the long table's transformer-like chains alone, memo mode, about a minute; run it
 also with NUMBA_NUM_THREADS=1 for one thread's wall time, which a shared machine's load inflates
-less than two threads').
+less than two threads'. --frontier: `frontier(points=50)` of the long table's chains at 300 and
+1,000 stages: mode, time, and each point's certified gap.)
 Prints tables and writes benchmarks/results/bench_optimal.json. Results: docs/planner.md.
 """
 
@@ -125,6 +127,48 @@ def long_table(rows: list, lengths=LONG_LENGTHS, blocks_only: bool = False) -> N
                       f"{cpu:6.2f} {gap:9.4%} {vs_txt:>9} {ex_txt:>8}", flush=True)
 
 
+def frontier_table(rows: list, lengths=(300, 1000)) -> None:
+    """`frontier(points=50)` (NOTE [ the frontier's modes ] in planner/frontier.py) of the long
+    table's chains: mode, Pareto points, wall and CPU seconds, the DP's share, the least peak
+    against the exact least peak, and the points' certified gaps (largest, and the largest above
+    a third of the store-all peak)."""
+    import logging
+
+    from memplan.planner.frontier import frontier
+
+    frontier(gpt_chain(30))  # load the kernels (numba's cache) before timing
+    times: dict[str, float] = {}
+
+    class _DP(logging.Handler):  # the frontier logs its DP's seconds
+        def emit(self, record):
+            if record.args and len(record.args) == 6:
+                times["dp"] = record.args[4]
+
+    log = logging.getLogger("memplan.planner.frontier")
+    log.addHandler(_DP())
+    log.setLevel(logging.INFO)
+    print(f"\n{'chain':10} {'L':>5} {'mode':>7} {'pareto':>6} {'wall s':>7} {'cpu s':>6} "
+          f"{'dp s':>6} {'least/exact':>11} {'max gap':>8} {'gap>1/3':>8}")
+    for L in lengths:
+        for prof in long_chains(L):
+            least = least_peak(costs_of(prof))
+            top = store_all_peak(prof)
+            cpu0 = time.process_time()
+            res, t = timed(lambda: frontier(prof, points=50))
+            cpu = time.process_time() - cpu0
+            gaps = [p.optimality_gap for p in res.points]
+            upper = [p.optimality_gap for p in res.points if p.peak_bytes >= top / 3]
+            rows.append(dict(kind="frontier", chain=prof.name, L=L, mode=res.mode,
+                             n_pareto=res.n_pareto, n_points=len(res.points), wall_s=t, cpu_s=cpu,
+                             dp_s=times.get("dp"), load_avg=os.getloadavg()[0],
+                             least_peak_bytes=res.least_peak_bytes, exact_least_bytes=least,
+                             max_gap=max(gaps), max_gap_above_third=max(upper, default=0.0),
+                             numba_threads=get_num_threads()))
+            print(f"{prof.name:10} {L:5} {res.mode:>7} {res.n_pareto:6} {t:7.2f} {cpu:6.2f} "
+                  f"{times.get('dp', 0):6.2f} {res.least_peak_bytes / least:11.3f} "
+                  f"{max(gaps):8.3%} {max(upper, default=0.0):8.3%}", flush=True)
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     rows = []
@@ -133,6 +177,10 @@ def main() -> None:
     _, t_jit = timed(lambda: solve_compiled(costs_of(slot_chain(4, 0))))
     print(f"kernel compile or cache load: {t_jit:.2f} s (once per process)")
     rows.append(dict(kind="jit", seconds=t_jit))
+    if "--frontier" in sys.argv:
+        frontier_table(rows, (300,) if quick else (300, 1000))
+        _write(rows)
+        return
     if "--long-only" in sys.argv or "--blocks-only" in sys.argv:
         long_table(rows, (300,) if quick else LONG_LENGTHS, "--blocks-only" in sys.argv)
         _write(rows)
@@ -167,6 +215,7 @@ def main() -> None:
                 print(f"{prof.name:10} {L:4} {frac:6.0%} {t_ex:8.3f} {t_gr:9.3f} {G:6} {ratio:13.5f}")
 
     long_table(rows, (300,) if quick else LONG_LENGTHS)
+    frontier_table(rows, (300,) if quick else (300, 1000))
     _write(rows)
 
 
