@@ -333,7 +333,9 @@ def test_installed_offload_plans_keep_gradients_and_move_the_planned_bytes(kind)
 
     model, batches, loss_fn = _installed_case(kind)
     prof = profile_model(model, batches[0], loss_fn=loss_fn, repeats=1, warmup=0)
-    for plan in _offload_plans(prof, fractions=(0.6,)):
+    # 60%: every record moves; 35%: checkpoints forwarded without a record move and come back
+    # for their recompute in the backward (F stages, _Rejoin, recomputes from fetched inputs)
+    for plan in _offload_plans(prof, fractions=(0.6, 0.35)):
         ref = copy.deepcopy(model)
         _install(model, plan, prof, None, _host_device="cpu")
         try:
