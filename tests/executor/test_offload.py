@@ -175,44 +175,36 @@ def test_a_schedule_ending_with_a_transfer_is_refused():
 
 @cuda
 def test_cuda_transfers_free_device_memory_and_keep_gradients():
-    stages, x = mlp_chain(4, width=512, batch=256, dropout=0.1, batchnorm=True)
+    import contextlib
+
+    stages, x = mlp_chain(4, width=512, batch=256, dropout=0.1, batchnorm=False)
     stages = [s.cuda() for s in stages]
     x = x.cuda()
     loss0, g0 = _plain(stages, x)
-    seen = {}
+    levels: dict[str, dict[int, int]] = {"offload": {}, "store-all": {}}
 
-    def at(k, op):
-        seen[k] = torch.cuda.memory_allocated()
-        import contextlib
-        return contextlib.nullcontext()
+    def at(label):
+        def ctx(k, op):
+            levels[label][k] = torch.cuda.memory_allocated()
+            return contextlib.nullcontext()
+        return ctx
 
-    for p in unique_params(stages):
-        p.grad = None
-    torch.manual_seed(1)
-    r = ScheduleRunner(stages, WORKED, device=torch.device("cuda"))
-    r.prepare()
-    loss1 = float(r.step(x, op_context=at))
-    g1 = [p.grad.clone() for p in unique_params(stages)]
+    results = {}
+    for label, ops in (("offload", WORKED), ("store-all", _store_all(5))):
+        for p in unique_params(stages):
+            p.grad = None
+        torch.manual_seed(1)
+        r = ScheduleRunner(stages, ops, device=torch.device("cuda"))
+        r.prepare()
+        loss = float(r.step(x, op_context=at(label)))
+        results[label] = (r, loss, [p.grad.clone() for p in unique_params(stages)])
+    r, loss1, g1 = results["offload"]
     assert loss1 == loss0
     assert all(torch.equal(a, b) for a, b in zip(g0, g1, strict=True))
-    # before R 4 (op 5) a_1 and record 2 are off the device: R 3's bytes came on, theirs went off
-    assert r.offload.moved_bytes > 0
-    store = {}
-
-    def at2(k, op):
-        store[k] = torch.cuda.memory_allocated()
-        import contextlib
-        return contextlib.nullcontext()
-
-    for p in unique_params(stages):
-        p.grad = None
-    torch.manual_seed(1)
-    r2 = ScheduleRunner(stages, [op for op in WORKED if op[0] in ("R", "B", "loss")],
-                        device=torch.device("cuda"))
-    r2.prepare()
-    r2.step(x, op_context=at2)
-    # op 5 (R 4) in WORKED is op 3 in store-all: the difference is exactly what moved
-    assert store[3] - seen[5] == r.offload.moved_bytes
+    # as R 4 starts (op 5 with transfers, op 3 without) a_1 and record 2 are off the device:
+    # the difference is exactly the bytes moved, x_1 + s_2
+    off, store = levels["offload"], levels["store-all"]
+    assert (store[3] - store[0]) - (off[5] - off[0]) == r.offload.moved_bytes > 0
 
 
 def _offload_plans(prof, fractions=(0.9, 0.5)):
