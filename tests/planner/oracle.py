@@ -122,10 +122,13 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False,
     NOTE [ offload in the oracle ]
     docs/chain-model.md section 10.9, "eager offload, lazy fetch". Each step is one window: the
     transfers issued with a compute op, the op, then its drops.
-    1. `offload X` (X an a_j, j >= 1, or a record) only with the compute op right after the
-       compute op that made or read X (`elig` in the state), never with an op that makes X again
-       or (`B i`, record i) frees it, and never for a tensor that op's drops free.
-    2. `fetch X` only when the compute op after its window reads X: a window's fetches are the
+    1. `offload X` (X an a_j, j >= 1, or a record) only with a forward (`F`/`R`) right after the
+       compute op that made or read X (`elig` in the state) and that does not read X itself (the
+       first forward of X's idle time), never with an op that makes X again, and never for a
+       tensor that op's drops free.
+    2. `fetch X` only with a backward (`B`), and only when the compute op after it reads X (a
+       fetch on a forward admits schedules outside the recurrence, section 10.9, which records a
+       stage early only to carry a fetch past a peak): a window's fetches are the
        host-resident part of what one op reads ({a_j}, {record i} or {a_{i-1}, record i}); the
        state keeps them (`need`) and the next op must read them all, else the branch is dead.
     3. The window op takes max(t_op, D/bw, H/bw) s (D, H: bytes offloaded, fetched); its bytes
@@ -134,6 +137,13 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False,
        are the host bytes before it plus D, which must fit `host_memory_bytes`.
     4. A tensor on the host cannot be read; an a_j on the host is dropped (host bytes) when no
        later op reads it, like the device's (`cleanup`); a record on the host still pins a_{j-1}.
+    5. With a bandwidth, two shapes outside the recurrence are left out, which transfers would
+       otherwise reward: `R i` on a live a_i (a late split's left part; the chains the offload
+       tests draw are those where late splits cannot help, NOTE [ late left parts ]) and `F i`
+       while record i lives (a stage recorded early, its record sent to the host, its output
+       dropped and computed again: a record whose output is not kept is not a choice of the DP),
+       and `F L` (the recurrence records the last stage for the loss; a no-grad `F L` before the
+       loss and `R L` after it would carry a transfer on a forward the step does not need).
     The state gains (hact, hrec, elig_a, elig_r, need_a, need_r), all 0 without a bandwidth, so
     that search is the one above, step for step.
     """
@@ -187,17 +197,22 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False,
         made_a = 1 << i if op[0] in ("F", "R") else 0
         freed_r = 1 << i if op[0] == "B" else 0
         done = 0 if ph2 == BEFORE else ~((1 << ph2) - 1)  # a_j with j >= ph2
-        return _windows(elig_a & act & ~made_a & ~done & ~1, elig_r & rec & ~freed_r,
-                        hact, hrec, ph2)
+        if op[0] not in ("F", "R"):  # rule 1: offloads ride on forwards
+            return _windows(0, 0, hact, hrec, ph2, op[0] == "B")
+        read_a = 1 << (i - 1)  # rule 1: not on a forward that reads the tensor
+        return _windows(elig_a & act & ~made_a & ~read_a & ~done & ~1, elig_r & rec & ~freed_r,
+                        hact, hrec, ph2, False)  # rule 2: fetches ride on backwards
 
     @cache
-    def _windows(out_a: int, out_r: int, hact: int, hrec: int, ph2: int):
+    def _windows(out_a: int, out_r: int, hact: int, hrec: int, ph2: int, fetch_ok: bool):
         cand = [("offload", j) for j in bits(out_a)]
         cand += [("offload_record", j) for j in bits(out_r)]
         outs = [()]
         for c in cand:
             outs += [o + (c,) for o in outs]
         # next readers: a_j by F/R/B j+1 (or the loss for j = L); record j by B j alone
+        if not fetch_ok:
+            hact = hrec = 0
         ins = [()] + [(("fetch", j),) for j in bits(hact) if ph2 == BEFORE or j < ph2]
         ins += [(("fetch_record", j),) for j in bits(hrec) if j == ph2]
         ins += [(("fetch", j - 1), ("fetch_record", j)) for j in bits(hrec)
@@ -240,10 +255,12 @@ def exhaustive_frontier(p: Profile, *, persistent: bool = False,
                 continue
             # what is kept across a forward, other than its input and output, is stored
             fck = ck | (anywhere & ~(1 << (i - 1) | 1 << i) & ~1) if persistent else 0
-            if not act >> i & 1 and (ph == BEFORE or i <= ph - 1):
+            if not act >> i & 1 and (ph == BEFORE or i <= ph - 1) and not (
+                    bw and ((rec | hrec) >> i & 1 or i == L)):  # rule 5: no F i beside record
+                # i, no F L
                 succ.append((("F", i), live + x[i] + tfn[i], fn[i], act | 1 << i, rec, ph, fck,
                              (i - 1,)))
-            if not (rec | hrec) >> i & 1:
+            if not (rec | hrec) >> i & 1 and not (bw and act >> i & 1):  # rule 5: no R on a_i
                 new = 0 if act >> i & 1 else x[i]
                 succ.append((("R", i), live + new + s[i] + tf[i], f[i], act | 1 << i,
                              rec | 1 << i, ph, fck, (i,)))

@@ -441,3 +441,76 @@ def test_slotted_example():
                                                                 _num(r["peak (bytes)"]))
         assert p.options["lower_bound_s"] == float(r["lower bound (s)"])
         assert f"{100 * p.options['optimality_gap']:.1f}%".replace(".0%", "%") == r["gap"]
+
+
+# section 10.9
+
+
+def _offload_ledger(prof: Profile, ops: list[list], bw: float) -> tuple[list[int], list[float]]:
+    """Host bytes at each op and cumulative seconds under the window rule (section 10.9, rules
+    1-4), written apart from the simulator: a window op takes max(t, D / bw, H / bw)."""
+    x = [prof.input_bytes] + [la.output_bytes for la in prof.layers]
+    s = [0] + [la.saved_bytes for la in prof.layers]
+    f = [0.0] + [la.forward_s for la in prof.layers]
+    b = [0.0] + [la.backward_s for la in prof.layers]
+    host, t, D, H, back = 0, 0.0, 0, 0, 0
+    hosts, times = [], []
+    for op in ops:
+        size = {"offload": x, "fetch": x, "offload_record": s, "fetch_record": s}.get(op[0])
+        if size is not None:
+            if op[0].startswith("offload"):
+                host += size[op[1]]
+                D += size[op[1]]
+            else:
+                H += size[op[1]]
+                back += size[op[1]]  # leaves the host when its window ends
+        elif op[0] in ("R", "B", "F", "loss"):
+            t_op = 0.0 if op[0] == "loss" else (b if op[0] == "B" else f)[op[1]]
+            t += max(t_op, D / bw, H / bw)
+        hosts.append(host)
+        if op[0] in ("R", "B", "F", "loss"):
+            host -= back
+            D = H = back = 0
+        times.append(t)
+    return hosts, times
+
+
+def test_offload_replay_table_is_the_plan():
+    prof = worked_example()
+    rows, rest = _marked("offload-replay")
+    ops = [_op(r["op"]) for r in rows]
+    assert [_num(r["#"]) for r in rows] == list(range(1, len(rows) + 1))
+    p = plan(prof, budget_bytes=20, offload_bandwidth=2.0)
+    assert [list(op) for op in p.ops()] == ops  # the optimal plan at 20 bytes and 2 bytes/s
+    sim = simulate(prof, ops, offload_bandwidth=2.0)
+    assert sim.valid, sim.error
+    assert [_num(r["during"]) for r in rows] == sim.timeline
+    assert [_num(r["host"]) for r in rows] == sim.host_timeline
+    hosts, times = _offload_ledger(prof, ops, 2.0)
+    assert [_num(r["host"]) for r in rows] == hosts
+    assert [float(r["time"]) for r in rows] == times
+    peak, time_s = _summary(rest)
+    assert (sim.peak_bytes, sim.time_s, sim.host_peak_bytes) == (peak, time_s, 11)
+    assert sim.transfer_wait_s == 0
+    slow = simulate(prof, ops, offload_bandwidth=1.0)  # "At 1 byte/s ... 39 s"
+    assert (slow.time_s, slow.transfer_wait_s) == (39.0, 3.0)
+
+
+def test_offload_frontier_table():
+    prof = worked_example()
+    rows, _ = _marked("offload-frontier")
+    columns = {"no offload (s)": None, "host <= 3 bytes (s)": 3, "host <= 6 bytes (s)": 6,
+               "host unlimited (s)": -1}
+    for name, host in columns.items():
+        for r in rows:
+            budget, want = _num(r["peak (bytes)"]), float(r[name])
+            kw = {} if host is None else {"offload_bandwidth": 2.0}
+            if host is not None and host >= 0:
+                kw["host_memory_bytes"] = host
+            p = plan(prof, budget_bytes=budget, **kw)
+            assert p.feasible and p.predicted.time_s == want, (name, budget)
+            if host is None:
+                continue
+            oracle = exhaustive_frontier(prof, persistent=True, offload_bandwidth=2.0,
+                                         host_memory_bytes=None if host < 0 else host)
+            assert min(t for pk, t, _ in oracle if pk <= budget) == want, (name, budget)
