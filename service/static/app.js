@@ -231,19 +231,39 @@ function schedulePlan() {
   planTimer = setTimeout(requestPlan, 120);
 }
 
+// the offload bandwidth typed (bytes/s: 25GB/s, 25GiB/s, 25e9), or null for none; only optimal
+// plans offload (docs/chain-model.md section 10.9)
+function offloadBandwidth() {
+  const text = $("#offload-text").value.trim();
+  $("#offload-error").textContent = "";
+  if (!text) return null;
+  try {
+    const bw = parseBytes(text.replace(/\/s$/i, ""));
+    if (!(bw > 0)) throw new Error("must be above 0 bytes/s; leave it empty for no offload");
+    return bw;
+  } catch (err) {
+    $("#offload-error").textContent = `offload bandwidth: ${err.message.replace("a size", "bytes/s")}`;
+    throw err;
+  }
+}
+
 async function requestPlan() {
   if (!state.profile || state.budget === null) return;
   const seq = ++state.seq;
   const budget = state.budget;
   const strategy = $("#strategy").value;
+  let bw;
+  try { bw = offloadBandwidth(); } catch (err) { return; }
+  const body = { profile: state.profile, budget_bytes: budget, strategy };
+  if (bw !== null && strategy === "optimal") body.options = { offload_bandwidth: bw };
   try {
-    const data = await api("/v1/plans/timeline", { method: "POST",
-      body: { profile: state.profile, budget_bytes: budget, strategy } });
+    const data = await api("/v1/plans/timeline", { method: "POST", body });
     if (seq !== state.seq) return; // a newer request is on its way
     renderPlan(data.plan, data.timeline);
     const sec = $("#plan-section");
     sec.dataset.budget = String(budget);
     sec.dataset.strategy = strategy;
+    sec.dataset.offload = body.options ? String(body.options.offload_bandwidth) : "";
     sec.dataset.seq = String(seq);
   } catch (err) {
     if (seq === state.seq) $("#plan-message").textContent = `plan: ${err.message}`;
@@ -263,12 +283,21 @@ function renderPlan(plan, tl) {
   const over = $("#sum-overhead");
   over.textContent = p ? fmtPct(p.overhead) : "-";
   over.dataset.overhead = p ? String(p.overhead) : "";
+  const offloaded = bw(plan) !== null;
+  const host = $("#sum-host");
+  host.textContent = p && offloaded ? `${fmtBytes(p.host_peak_bytes)} (${group(p.host_peak_bytes)} B)` : "-";
+  host.dataset.bytes = p && offloaded ? String(p.host_peak_bytes) : "";
+  const wait = $("#sum-wait");
+  wait.textContent = p && offloaded ? fmtS(p.transfer_wait_s) : "-";
+  wait.dataset.seconds = p && offloaded ? String(p.transfer_wait_s) : "";
   $("#plan-message").textContent = plan.message || "";
+  const moved = offloadedByStage(plan.schedule);
   const rows = tl ? tl.stages.map((s) => [
     String(s.stage), s.name, { text: s.role, attrs: { class: `role-${s.role}` } }, String(s.forwards),
     s.checkpoint ? `checkpoint${s.checkpoint_dtype ? ` (${s.checkpoint_dtype})` : ""}` : "",
     s.policy || "all",
     fmtBytes(s.saved_bytes),
+    (moved[s.stage] || []).join(", "),
   ]) : [];
   fillRows($("#stages tbody"), rows);
   state.timeline = tl;
@@ -277,6 +306,22 @@ function renderPlan(plan, tl) {
   renderTimeline();
   renderTimelineTable();
   renderFrontierChart(p);
+}
+
+const bw = (plan) => (plan.options && plan.options.offload_bandwidth != null ? plan.options.offload_bandwidth : null);
+
+// stage -> what the schedule moves to host memory: "output" (offload i), "record" (offload_record i)
+function offloadedByStage(schedule) {
+  const names = { offload: "output", offload_record: "record" };
+  const out = {};
+  for (const op of schedule || []) {
+    const what = names[op[0]];
+    if (!what) continue;
+    out[op[1]] = out[op[1]] || [];
+    if (!out[op[1]].includes(what)) out[op[1]].push(what);
+  }
+  for (const moved of Object.values(out)) moved.sort(); // "output" before "record", as the CLI
+  return out;
 }
 
 // ---- the timeline chart -----------------------------------------------------------------------
@@ -704,6 +749,7 @@ function init() {
   $("#budget-text").addEventListener("change", onBudgetText);
   $("#budget-text").addEventListener("keydown", (ev) => { if (ev.key === "Enter") onBudgetText(); });
   $("#strategy").addEventListener("change", schedulePlan);
+  $("#offload-text").addEventListener("change", schedulePlan);
   const chart = $("#timeline-chart");
   chart.addEventListener("pointermove", onTimelinePointer);
   chart.addEventListener("keydown", onTimelineKey);

@@ -354,6 +354,54 @@ def test_save_policies_are_named_per_stage(serve, browser, tmp_path):
     assert b.errors() == []
 
 
+def test_offload_bandwidth_plans_and_shows_what_moves(serve, browser, tmp_path, artifacts):
+    # docs/chain-model.md section 10.9: with a bandwidth typed, the optimal plan may move records
+    # and inputs to host memory; the page shows the host peak, the wait and what each stage moves
+    b = browser
+    open_page(b, serve.url)
+    profile = make_profile(8)
+    path = tmp_path / "offload8.json"
+    path.write_text(json.dumps(profile))
+    node = b.send("DOM.querySelector", nodeId=b.send("DOM.getDocument")["root"]["nodeId"], selector="#upload")
+    b.send("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
+    b.wait("document.querySelector('#profile-info').textContent.includes('chain8') && "
+           "Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
+    assert b.js("document.querySelector('#sum-host').textContent") == "-"
+    b.js("(() => { const t = document.querySelector('#offload-text'); t.focus(); t.select(); })()")
+    b.type("2MB/s")
+    b.key("Tab", vk=9)  # change fires on leaving the field
+    b.wait("document.querySelector('#plan-section').dataset.offload === '2000000'", "the offload plan")
+    budget = int(b.js("document.querySelector('#plan-section').dataset.budget"))
+    body = {"profile": profile, "budget_bytes": budget, "strategy": "optimal",
+            "options": {"offload_bandwidth": 2e6}}
+    api = httpx.post(serve.url + "/v1/plans/timeline", json=body, timeout=60).json()
+    plan = api["plan"]
+    assert any(op[0].startswith("offload") for op in plan["schedule"]), plan["schedule"]
+    got = b.js("""(() => ({
+      host: Number(document.querySelector('#sum-host').dataset.bytes),
+      wait: Number(document.querySelector('#sum-wait').dataset.seconds),
+      seconds: Number(document.querySelector('#sum-time').dataset.seconds),
+      moved: [...document.querySelectorAll('#stages tbody tr')].map(r => r.cells[7].textContent),
+      ops: [...document.querySelectorAll('#timeline-table tbody tr')].map(r => r.cells[1].textContent),
+    }))()""")
+    assert got["host"] == plan["predicted"]["host_peak_bytes"] > 0
+    assert got["wait"] == plan["predicted"]["transfer_wait_s"]
+    assert got["seconds"] == plan["predicted"]["time_s"]
+    kinds = {i: {op[0] for op in plan["schedule"] if len(op) > 1 and op[1] == i} for i in range(1, 9)}
+    assert got["moved"] == [", ".join(w for k, w in (("offload", "output"), ("offload_record", "record"))
+                                      if k in kinds[i]) for i in range(1, 9)]
+    assert got["ops"] == [" ".join(map(str, op)) for op in plan["schedule"]]
+    b.screenshot(artifacts / "offload.png")
+    # a bad bandwidth: a message naming the field, and the plan stays
+    b.js("(() => { const t = document.querySelector('#offload-text'); t.focus(); t.select(); })()")
+    b.type("fast")
+    b.key("Tab", vk=9)
+    b.wait("document.querySelector('#offload-error').textContent !== ''", "the bandwidth's error")
+    assert b.js("document.querySelector('#offload-error').textContent").startswith(
+        "offload bandwidth: cannot read")
+    assert b.errors() == []
+
+
 def test_example_frontier_sizing_and_no_outside_requests(serve, browser, artifacts):
     b = browser
     open_page(b, serve.url)
