@@ -472,7 +472,13 @@ def estimate_work(request: PlanRequest | FrontierRequest) -> Work:
     if isinstance(request, FrontierRequest):
         m, driver, _ = _dp_stages(n, request.options, capped=False)
         steps = _UNCAPPED * m**3 + _PY_STEP * n * n
-        return Work(float(steps), 48.0 * m * m, driver)
+        work = Work(float(steps), 48.0 * m * m, driver)
+        if getattr(request.options, "offload_bandwidth", None):  # the offload frontier beside it
+            off = _offload_work(request.profile,
+                                host_capped=request.options.host_memory_bytes is not None)
+            work = Work(work.steps + off.steps, max(work.table_bytes, off.table_bytes),
+                        off.driver if off.steps > work.steps else driver)
+        return work
     opts = request.options
     strategy = request.strategy
     if strategy in ("store-all", "sqrt"):
