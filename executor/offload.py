@@ -172,6 +172,7 @@ class Offloader:
     def begin_step(self) -> None:
         """Forget the last step's entries (call at the start of every step)."""
         self._live: weakref.WeakValueDictionary[int, _Entry] = weakref.WeakValueDictionary()
+        self._moving: dict[int, _Entry] = {}  # offloads in this window, by their device pointer
         self._act: dict[int, tuple[Any, list]] = {}  # i -> (spec, leaves: tensor or (entry, view))
         self._rec: dict[int, list[_Entry]] = {}  # record i -> its own entries (weakly by handles)
         self._rec_refs: dict[int, list[weakref.ref]] = {}
@@ -210,7 +211,7 @@ class Offloader:
         for t in flat:
             if isinstance(t, torch.Tensor):
                 ptr = self._ptr(t)
-                if ptr is not None and ptr not in self._live:
+                if ptr is not None and ptr not in self._live and ptr not in self._moving:
                     inp_ptrs.add(ptr)  # a_0 or an input nobody moves: saved as it is
         # the record's new entries, kept here until `recorded(i)`: autograd keeps the pack hook
         # (this closure) as long as any tensor of the record is saved, so the closure must not
@@ -224,7 +225,8 @@ class Offloader:
             ptr = self._ptr(t)
             if ptr is None or ptr in self._fixed or ptr in inp_ptrs:
                 return t
-            entry = self._live.get(ptr)
+            # an input offloaded in this window (the window op reads it) is saved as its entry
+            entry = self._live.get(ptr) or self._moving.get(ptr)
             if entry is None:
                 if not moves_record:
                     return t
@@ -373,6 +375,7 @@ class Offloader:
         assert e.storage is not None
         src = torch.empty(0, dtype=torch.uint8, device=self.device).set_(e.storage)
         self._live.pop(e.storage.data_ptr(), None)
+        self._moving[e.storage.data_ptr()] = e
         if not self.cuda:
             e.host = src.clone()
         else:
@@ -407,6 +410,8 @@ class Offloader:
             torch.cuda.current_stream(self.device).wait_event(e.event)
             e.event = None
         if e.state == "to_host":
+            assert e.storage is not None
+            self._moving.pop(e.storage.data_ptr(), None)
             e.storage = None
             e.state = "host"
         elif e.state == "to_device":

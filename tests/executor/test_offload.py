@@ -63,6 +63,12 @@ CHECKPOINTED = [("F", 1), ("F", 2), ("offload", 1), ("R", 3), ("offload_record",
                 ("drop", 1), ("R", 1), ("B", 1)]
 
 
+# a_1 offloaded with the op that reads it (R 2 saves it: the record's saved input is the moved
+# copy, fetched back for B 2)
+ON_ITS_READER = [("R", 1), ("offload", 1), ("R", 2), ("R", 3), ("R", 4), ("R", 5), ("loss",),
+                 ("B", 5), ("B", 4), ("fetch", 1), ("B", 3), ("B", 2), ("B", 1)]
+
+
 def _mlp4():
     """The MLP chain of the schedules above: 4 blocks (BatchNorm, dropout) and the head."""
     stages, x = mlp_chain(4, width=16, batch=8, dropout=0.1, batchnorm=True)
@@ -70,7 +76,8 @@ def _mlp4():
     return stages, x
 
 
-@pytest.mark.parametrize("ops", [WORKED, CHECKPOINTED], ids=["worked", "checkpointed"])
+@pytest.mark.parametrize("ops", [WORKED, CHECKPOINTED, ON_ITS_READER],
+                         ids=["worked", "checkpointed", "on-its-reader"])
 def test_mlp_chain_gradients_bitwise_equal_with_transfers(ops):
     stages, x = _mlp4()
     loss0, g0 = _plain(stages, x)
@@ -87,6 +94,18 @@ def test_the_bytes_moved_are_the_activation_and_the_record():
     prof = measured_profile(stages, x, repeats=1)
     r, _, _ = _run(stages, x, WORKED, _host_device="cpu")
     assert r.offload.moved_bytes == prof.layers[0].output_bytes + prof.layers[1].saved_bytes
+
+
+def test_an_input_offloaded_with_its_reader_is_freed_after_the_window():
+    # R 2 saves a_1 while a_1 moves: the record saves the moving copy, so from R 3 on the device
+    # holds a_1 no more (bytes as the plan without transfers, less x_1, plus its host copy x_1)
+    stages, x = _mlp4()
+    got = _per_op_bytes(stages, x, ON_ITS_READER, _host_device="cpu")
+    bare = [op for op in ON_ITS_READER if op[0] not in ("offload", "fetch")]
+    want = _per_op_bytes(stages, x, bare)
+    assert got[3] == want[2]  # R 3: a_1 on the host (CPU bytes here) instead of the device
+    r, _, _ = _run(stages, x, ON_ITS_READER, _host_device="cpu")
+    assert r.offload.moved_bytes == 16 * 8 * 4
 
 
 def test_a_record_that_saves_its_input_shares_the_input_copy():
