@@ -48,6 +48,7 @@ from memplan.planner.optimal import (
     DEFAULT_GROUPS,
     EXACT_MAX_STAGES_UNCAPPED,
     _check_options,
+    check_offload,
     point_for,
     solve_frontier,
 )
@@ -82,6 +83,10 @@ class FrontierPoint(BaseModel):
     policies: dict[str, int] = Field(
         default_factory=dict, description="save policy -> stages recorded under it at this point "
         "(policies other than 'all'; docs/chain-model.md section 10.8)")
+    host_peak_bytes: int = Field(default=0, ge=0, description="bytes the point's schedule holds "
+                                 "in host memory at most (offload, docs/chain-model.md 10.9)")
+    transfer_wait_s: float = Field(default=0.0, ge=0, description="seconds the step waits for "
+                                   "its host-device copies (offload)")
 
 
 class BaselinePoint(BaseModel):
@@ -116,6 +121,13 @@ class Frontier(BaseModel):
     whole_stage_points: list[FrontierPoint] | None = Field(
         default=None, description="with save policies in the profile: the frontier with every "
         "stage recorded whole ('all'), to show what the policies buy; None otherwise")
+    offload_bandwidth: float | None = Field(default=None, description="bytes/s the offload "
+                                            "points assume; None: no offload")
+    host_memory_bytes: int | None = Field(default=None, description="the host budget of the "
+                                          "offload points (bytes); None: unlimited")
+    recompute_only_points: list[FrontierPoint] | None = Field(
+        default=None, description="with offload: the frontier without it, to show what offload "
+        "buys; None otherwise")
 
 
 def _pareto(pairs: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -231,6 +243,8 @@ def frontier(
     exact_max_stages: int | None = None,
     groups: int = DEFAULT_GROUPS,
     mode: str = "auto",
+    offload_bandwidth: float | None = None,
+    host_memory_bytes: int | None = None,
 ) -> Frontier:
     """The Pareto set of (peak bytes, seconds) of the optimal planner for `profile`, from the
     store-all peak down to the least feasible budget, and each baseline's point.
@@ -238,6 +252,9 @@ def frontier(
     `points`: thin the set to about that many points spread evenly in memory (the ends, and the
     point that dominates each baseline, are always kept); None keeps all. `mode`: one of
     FRONTIER_MODES (NOTE [ the frontier's modes ]). Returns a `Frontier`; each point says its mode, lower bound and gap.
+    `offload_bandwidth` (bytes/s) and `host_memory_bytes`: the frontier of plans that may also
+    offload (docs/chain-model.md section 10.9), each point with its host peak, and beside it
+    `recompute_only_points`, the frontier without offload.
     """
     prof = load_profile(profile)
     if points is not None and (isinstance(points, bool) or not isinstance(points, int) or points < 2):
@@ -245,6 +262,10 @@ def frontier(
     if mode not in FRONTIER_MODES:
         raise PlanError(f"mode: expected one of {', '.join(FRONTIER_MODES)}, got {mode!r}")
     _check_options(None, exact_max_stages, groups)
+    if check_offload(offload_bandwidth, host_memory_bytes):
+        return _offload_frontier(prof, points=points, mode=mode, bandwidth=float(offload_bandwidth),
+                                 host_cap=host_memory_bytes, exact_max_stages=exact_max_stages,
+                                 groups=groups)
     t0 = perf_counter()
     mode, fr, bounds, lower, band = _solve_mode(prof, mode, exact_max_stages, groups)
     t_dp = perf_counter() - t0
@@ -317,6 +338,65 @@ def frontier(
     )
 
 
+def _offload_frontier(prof: Profile, *, points, mode, bandwidth: float, host_cap, exact_max_stages,
+                      groups) -> Frontier:
+    """The frontier with offload (planner/_optimal_offload.py): every point of the DP's uncapped
+    run, as (peak, time) Pareto points at the host budget, each replayed for its host peak and
+    wait; exact, so each point is its own bound."""
+    from memplan.planner._build import insert_drops
+    from memplan.planner._optimal_dp import costs_of
+    from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES, offload_ops, solve_offload
+
+    L = prof.n_stages
+    if mode not in ("auto", "exact"):
+        raise PlanError(f"mode: offload is planned by the exact DP only; use mode 'auto' or "
+                        f"'exact' (got {mode!r}), or leave offload_bandwidth out")
+    if prof.has_policies:
+        raise PlanError("offload_bandwidth: save policies and offload are not planned together; "
+                        "use a profile without policies or leave offload_bandwidth out")
+    if L > OFFLOAD_MAX_STAGES:
+        raise PlanError(f"offload_bandwidth: offload is planned for chains of up to "
+                        f"{OFFLOAD_MAX_STAGES} stages, this one has {L}; profile coarser stages or "
+                        f"leave offload_bandwidth out")
+    fr = solve_offload(costs_of(prof), bandwidth=bandwidth, host_cap=host_cap)
+    best: dict[int, tuple] = {}  # peak -> the fastest point (least host on ties)
+    for pt in fr.top():
+        if pt[0] not in best or (pt[2], pt[1]) < (best[pt[0]][2], best[pt[0]][1]):
+            best[pt[0]] = pt
+    front, by_pair = [], {}
+    for peak in sorted(best):  # Pareto in (peak, time): the host budget is a constraint
+        pt = best[peak]
+        if not front or pt[2] < front[-1][1] * (1 - _REL):
+            front.append((peak, pt[2]))
+            by_pair[(peak, pt[2])] = pt
+    plain = frontier(prof, points=points, exact_max_stages=exact_max_stages, groups=groups)
+    peaks = [p for p, _ in front]
+    base = store_all_time(prof)
+    baselines, keep = [], set()
+    for b in plain.baselines:
+        k = max((i for i, p in enumerate(peaks) if p <= b.peak_bytes), default=None)
+        if k is not None:
+            keep.add(k)
+        baselines.append(b.model_copy(update={
+            "dominated": k is not None and front[k][1] <= b.time_s * (1 + _REL)}))
+    idx = _thin(peaks, points, keep) if points is not None else range(len(front))
+    out = []
+    for i in idx:
+        pt = by_pair[front[i]]
+        sim = replay(prof, insert_drops(offload_ops(fr, pt), L), offload_bandwidth=bandwidth)
+        out.append(FrontierPoint(
+            peak_bytes=sim.peak_bytes, time_s=sim.time_s,
+            overhead=max(0.0, sim.time_s / base - 1) if base > 0 else 0.0,
+            lower_bound_s=sim.time_s, optimality_gap=0.0, mode="exact",
+            host_peak_bytes=sim.host_peak_bytes, transfer_wait_s=sim.transfer_wait_s))
+    return Frontier(
+        profile_name=prof.name, n_stages=L, mode="exact", store_all_time_s=base,
+        store_all_peak_bytes=plain.store_all_peak_bytes, least_peak_bytes=front[0][0],
+        n_pareto=len(front), points=out, baselines=baselines, offload_bandwidth=bandwidth,
+        host_memory_bytes=host_cap, recompute_only_points=plain.points,
+    )
+
+
 def _repeats(c) -> bool:
     from memplan.planner._optimal_long import content_classes, memo_worthwhile
 
@@ -359,6 +439,10 @@ def plot_frontier(result: Frontier, path: str | Path) -> Path:
     ys = [p.overhead * 100 for p in result.points]
     ax.step(xs, ys, where="post", color="black", lw=1.5, label=f"optimal ({result.mode})")
     ax.plot(xs, ys, "o", color="black", ms=3)
+    if result.recompute_only_points:  # what offload buys (section 10.9)
+        ax.step([p.peak_bytes * gib for p in result.recompute_only_points],
+                [p.overhead * 100 for p in result.recompute_only_points], where="post",
+                color="grey", lw=1, ls=":", label="recompute only (no offload)")
     if result.whole_stage_points:  # what the save policies buy (section 10.8)
         ax.step([p.peak_bytes * gib for p in result.whole_stage_points],
                 [p.overhead * 100 for p in result.whole_stage_points], where="post",

@@ -191,6 +191,16 @@ class FrontierOptions(_Options):
         default=None, ge=1, le=2000, description="stages solved exactly; null: 120",
     )
     groups: int = Field(default=150, ge=1, le=2000, description="macro stages in grouped mode")
+    offload_bandwidth: float | None = Field(
+        default=None, ge=0, le=MAX_OFFLOAD_BANDWIDTH,
+        description="host-device bandwidth, bytes/s: the frontier of plans that may also offload "
+        "(docs/chain-model.md section 10.9), with the frontier without offload beside it; 0 or "
+        "null: no offload",
+    )
+    host_memory_bytes: Budget = Field(
+        default=None, description="host memory the offload points may take, bytes (with "
+        "offload_bandwidth); null: no limit",
+    )
 
 
 OPTIONS: dict[str, type[_Options]] = {
@@ -343,8 +353,19 @@ class FrontierRequest(BaseModel):
 
     profile: Profile
     options: FrontierOptions = Field(
-        default_factory=FrontierOptions, description="points, exact_max_stages, groups",
+        default_factory=FrontierOptions,
+        description="points, exact_max_stages, groups, offload_bandwidth, host_memory_bytes",
     )
+
+    @model_validator(mode="after")
+    def _host_needs_bandwidth(self) -> FrontierRequest:
+        opts = self.options  # NOTE [ offload options ], 2
+        if opts.host_memory_bytes is not None and opts.offload_bandwidth is None:
+            raise PlanError("bounds the host memory of offloaded activations, and nothing is "
+                            "offloaded without offload_bandwidth; give options.offload_bandwidth "
+                            "(bytes/s) too, or leave host_memory_bytes out",
+                            field="options.host_memory_bytes")
+        return self
 
 
 def _field(loc: tuple[Any, ...]) -> str:

@@ -20,19 +20,34 @@ def frontier_cmd(
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="write the frontier as a PNG here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the Frontier as JSON")] = False,
+    offload_bandwidth: Annotated[
+        str | None,
+        typer.Option(help="host-device bandwidth (25GB/s, 25GiB/s or bytes/s): the frontier of "
+                     "plans that may also offload, beside the one without"),
+    ] = None,
+    host_memory: Annotated[
+        str | None,
+        typer.Option(help="with --offload-bandwidth: host memory the offload may take (e.g. 64GiB)"),
+    ] = None,
     server: ServerOption = None,
 ) -> None:
     """The Pareto set of (peak, time) from the store-all peak down to the least feasible budget."""
     from memplan import planner
+    from memplan.cli.plan import _offload
     from memplan.planner.frontier import plot_frontier
     from memplan.planner.request import frontier_request
     from memplan.profiler.schema import load_profile
 
     prof = load_profile(read_json(profile, what="profile"))
+    flags = {"points": "--points", "offload_bandwidth": "--offload-bandwidth",
+             "host_memory_bytes": "--host-memory"}
+    given = {"points": points} if points is not None else {}
+    given.update(_offload(offload_bandwidth, host_memory))
     try:  # validated once, here, as the service validates its body
-        request = frontier_request(profile=prof, options={"points": points} if points is not None else {})
+        request = frontier_request(profile=prof, options=given)
     except planner.PlanError as err:
-        raise ValueError(f"--{(err.field or 'points').removeprefix('options.')}: {err.reason}") from None
+        name = (err.field or "points").removeprefix("options.")
+        raise ValueError(f"{flags.get(name, '--' + name)}: {err.reason}") from None
     if plot is not None and plot.suffix.lower() != ".png":
         raise ValueError(f"--plot: {str(plot)!r} should end in .png")
     options = request.options.model_dump(exclude_unset=True)
@@ -61,6 +76,12 @@ def _print(result, plot) -> None:
     rows = [[format_bytes(p.peak_bytes), str(p.peak_bytes), f"{p.time_s:.6g} s", f"+{p.overhead:.1%}"]
             for p in result.points]
     cols = [Col("peak"), Col("bytes", drop=1), Col("time"), Col("overhead")]
+    if result.offload_bandwidth:  # what each point holds on the host, and the time without
+        plain = result.recompute_only_points or []
+        for row, p in zip(rows, result.points, strict=True):
+            best = min((q.time_s for q in plain if q.peak_bytes <= p.peak_bytes), default=None)
+            row += [format_bytes(p.host_peak_bytes), "-" if best is None else f"{best:.6g} s"]
+        cols += [Col("host"), Col("no offload")]
     out.print(fitted_table(f"{result.profile_name}: memory-time frontier ({result.mode})", cols, rows))
     rows = [[b.label, format_bytes(b.peak_bytes), f"{b.time_s:.6g} s", f"+{b.overhead:.1%}",
              "yes" if b.dominated else "no"] for b in result.baselines]

@@ -188,3 +188,40 @@ def test_long_chains_are_refused_with_the_limit():
     with pytest.raises(PlanError) as err:
         plan(prof, budget_bytes=100, offload_bandwidth=1.0)
     assert err.value.field == "offload_bandwidth" and str(OFFLOAD_MAX_STAGES) in str(err.value)
+
+
+def test_frontier_with_offload_beside_the_one_without():
+    from memplan.planner.frontier import frontier
+
+    prof = worked_example()
+    f = frontier(prof, offload_bandwidth=2.0)
+    assert [(p.peak_bytes, p.time_s, p.host_peak_bytes) for p in f.points] == [
+        (18, 48.0, 6), (19, 45.0, 10), (20, 36.0, 11)]
+    assert [(p.peak_bytes, p.time_s) for p in f.recompute_only_points] == [
+        (p.peak_bytes, p.time_s) for p in frontier(prof).points]
+    for p in f.points:  # each point is the plan at its own peak
+        q = plan(prof, budget_bytes=p.peak_bytes, offload_bandwidth=2.0)
+        assert (q.predicted.peak_bytes, q.predicted.time_s) == (p.peak_bytes, p.time_s)
+    f6 = frontier(prof, offload_bandwidth=2.0, host_memory_bytes=6)
+    assert all(p.host_peak_bytes <= 6 for p in f6.points)
+    assert [(p.peak_bytes, p.time_s) for p in f6.points][:3] == [(18, 48.0), (20, 43.0), (21, 40.0)]
+    assert f6.host_memory_bytes == 6 and f6.offload_bandwidth == 2.0
+
+
+def test_frontier_request_and_cli_take_offload(tmp_path):
+    from memplan.planner.request import frontier_request
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    req = frontier_request(profile=worked_example(), options={"offload_bandwidth": 2.0,
+                                                              "host_memory_bytes": 6})
+    assert req.options.offload_bandwidth == 2.0 and req.options.host_memory_bytes == 6
+    path = tmp_path / "p.json"
+    path.write_text(worked_example().model_dump_json())
+    out = CliRunner().invoke(app, ["frontier", str(path), "--offload-bandwidth", "2",
+                                   "--host-memory", "6", "--json"])
+    assert out.exit_code == 0, out.output
+    assert '"host_memory_bytes": 6' in out.output
+    bad = CliRunner().invoke(app, ["frontier", str(path), "--host-memory", "6"])
+    assert bad.exit_code != 0 and "--host-memory" in bad.output
