@@ -343,7 +343,8 @@ function renderTimeline() {
   }
   const n = tl.ops.length;
   const measured = tl.measured_bytes || null;
-  const top = Math.max(tl.peak_bytes, tl.budget_bytes || 0, ...(measured || [])) * 1.1 || 1;
+  const top = Math.max(tl.peak_bytes, tl.budget_bytes || 0, ...(measured || []),
+                       tl.host_peak_bytes || 0) * 1.1 || 1;
   const x = (k) => TL.l + (TL.w - TL.l - TL.r) * k / n;
   const y = (b) => TL.h - TL.b - (TL.h - TL.t - TL.b) * b / top;
   for (let j = 0; j <= 4; j++) {
@@ -368,6 +369,15 @@ function renderTimeline() {
     }
     svg.append(el("svg:path", { d: dm, class: "measured", id: "timeline-measured", "data-ops": n,
                                 "data-peak": Math.max(...measured) }));
+  }
+  const host = tl.predicted_host_bytes;
+  if (host && host.some((b) => b > 0)) { // offload: bytes held in host memory, on the same scale
+    let dh = "";
+    for (let k = 0; k < n; k++) {
+      dh += `${k === 0 ? "M" : "L"}${x(k).toFixed(2)},${y(host[k]).toFixed(2)}H${x(k + 1).toFixed(2)}`;
+    }
+    svg.append(el("svg:path", { d: dh, class: "host", id: "timeline-host", "data-ops": n,
+                                "data-peak": tl.host_peak_bytes }));
   }
   if (tl.budget_bytes !== null && tl.budget_bytes !== undefined) {
     svg.append(el("svg:line", { x1: TL.l, x2: TL.w - TL.r, y1: y(tl.budget_bytes), y2: y(tl.budget_bytes), class: "budget" }));
@@ -404,7 +414,8 @@ function moveCursor(k) {
   }
   const b = tl.predicted_bytes[k];
   const m = tl.measured_bytes ? `, ${fmtBytes(tl.measured_bytes[k])} measured` : "";
-  const label = `op ${k} of ${n}: ${tl.ops[k]} (${roleOf(tl, k)}), ${fmtBytes(b)} live${m}` +
+  const h = tl.predicted_host_bytes && tl.host_peak_bytes ? `, ${fmtBytes(tl.predicted_host_bytes[k])} on the host` : "";
+  const label = `op ${k} of ${n}: ${tl.ops[k]} (${roleOf(tl, k)}), ${fmtBytes(b)} live${m}${h}` +
     (k === tl.peak_op ? " - the peak" : "");
   const out = $("#timeline-cursor");
   out.textContent = label;

@@ -391,6 +391,18 @@ def test_offload_bandwidth_plans_and_shows_what_moves(serve, browser, tmp_path, 
     assert got["moved"] == [", ".join(w for k, w in (("offload", "output"), ("offload_record", "record"))
                                       if k in kinds[i]) for i in range(1, 9)]
     assert got["ops"] == [" ".join(map(str, op)) for op in plan["schedule"]]
+    # the timeline draws the host bytes beside the device's, and the cursor names them
+    assert b.js("Number(document.querySelector('#timeline-host').dataset.peak)") == got["host"]
+    tl = api["timeline"]
+    k = tl["predicted_host_bytes"].index(tl["host_peak_bytes"])
+    b.js("document.querySelector('#timeline-chart').focus()")
+    b.key("Home", vk=36)
+    for _ in range(k):
+        b.key("ArrowRight", vk=39)
+    label = b.js("document.querySelector('#timeline-cursor').textContent")
+    from memplan.planner.units import format_bytes  # the page's fmtBytes, in Python
+
+    assert label.startswith(f"op {k} of ") and f"{format_bytes(tl['host_peak_bytes'])} on the host" in label
     b.screenshot(artifacts / "offload.png")
     # a bad bandwidth: a message naming the field, and the plan stays
     b.js("(() => { const t = document.querySelector('#offload-text'); t.focus(); t.select(); })()")
