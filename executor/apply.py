@@ -1516,6 +1516,8 @@ def auto_checkpoint(
     repeats: int = 3,
     policies: bool | Sequence[str] = False,
     compile: bool = False,
+    offload_bandwidth: float | None = None,
+    host_memory_bytes: int | None = None,
 ) -> Plan:
     """Profile `model` through its own forward and loss on `example_batch`, plan, and install the
     plan into the model in place (NOTE [ The model as a chain ], [ Installing a schedule ]).
@@ -1530,7 +1532,9 @@ def auto_checkpoint(
     too (True: the built-in candidates, or a list of their names), so the planner can record
     blocks under them (NOTE [ Save policies of installed blocks ]). `compile`: compile each block
     (`torch.compile` per block), profile and plan on the compiled costs, and install the plan on
-    the compiled blocks (NOTE [ Compiled blocks ]).
+    the compiled blocks (NOTE [ Compiled blocks ]). `offload_bandwidth` (bytes/s) and
+    `host_memory_bytes`: the optimal plan may also move kept activations to host memory
+    (docs/chain-model.md section 10.9; CUDA only: on the CPU the install is refused).
 
     Returns the installed `Plan` (predicted seconds and bytes). Raises `InfeasiblePlanError` when
     nothing fits (the message says the least budget that does), `InstallError` on bad input."""
@@ -1548,6 +1552,10 @@ def auto_checkpoint(
     options: dict[str, Any] = {}
     if max_overhead is not None:
         options["max_overhead"] = float(max_overhead)
+    if offload_bandwidth is not None:
+        options["offload_bandwidth"] = offload_bandwidth
+    if host_memory_bytes is not None:
+        options["host_memory_bytes"] = host_memory_bytes
     plan = make_plan(prof, budget_bytes=budget_bytes, memory_bytes=memory_bytes, strategy=strategy,
                      **options)
     if not plan.feasible:

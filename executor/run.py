@@ -143,7 +143,8 @@ def check_plan(stages: Sequence[nn.Module], plan: Plan | dict | str,
                 f"{prof.fingerprint()}: the plan was made for another model; plan this profile"
             )
         try:
-            sim = simulate(prof, plan.schedule, policies=plan.stage_policies or None)
+            sim = simulate(prof, plan.schedule, policies=plan.stage_policies or None,
+                           offload_bandwidth=plan.options.get("offload_bandwidth"))
         except PlanError as err:
             raise ExecutorError(f"plan.{str(err).splitlines()[0]}; plan this profile, or profile "
                                 "the model with that policy") from None
@@ -157,7 +158,8 @@ def check_plan(stages: Sequence[nn.Module], plan: Plan | dict | str,
         dummy = Profile(input_bytes=0, layers=[
             dict(name=f"s{i}", forward_s=0, backward_s=0, output_bytes=0, saved_bytes=0)
             for i in range(1, L + 1)])
-        sim = simulate(dummy, plan.schedule)
+        sim = simulate(dummy, plan.schedule,
+                       offload_bandwidth=plan.options.get("offload_bandwidth"))
     if not sim.valid:
         raise ExecutorError(f"plan.schedule: {sim.error}")
     return plan, prof
@@ -290,6 +292,10 @@ def run_plan(
     each stage through `torch.compile` (NOTE [ Save policies in the runner ] in runner.py).
     """
     plan, prof = check_plan(stages, plan, profile)
+    from memplan.executor.offload import check_device
+
+    # a plan that moves tensors needs CUDA (NOTE [ Offload in the executor ], 6)
+    check_device(plan.ops(), device_of(list(stages), example_input))
     policies = policy_recompute(plan, prof)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ExecutorError(f"steps: expected an integer of at least 1, got {steps!r}")

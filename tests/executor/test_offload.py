@@ -402,3 +402,25 @@ def test_an_installed_plan_reading_a_record_on_the_host_fails_naming_it():
             loss_fn(model(batches[0][0]), batches[0][1]).backward()
     finally:
         remove_checkpoint(model)
+
+
+def test_run_plan_and_auto_checkpoint_refuse_offload_on_the_cpu():
+    from memplan.executor.apply import InstallError, auto_checkpoint, installed_plan
+    from memplan.executor.run import run_plan
+
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**TINY))
+    prof = measured_profile(stages, idx, repeats=1)
+    plan = _offload_plans(prof)[0]
+    with pytest.raises(ExecutorError) as err:
+        run_plan(stages, idx, plan, profile=prof)
+    assert str(err.value) == CPU_REFUSAL
+    from memplan.executor.apply import profile_model
+
+    model, batches, loss_fn = _installed_case("sequential")
+    mprof = profile_model(model, batches[0], loss_fn=loss_fn, repeats=1, warmup=0)
+    moving = _offload_plans(mprof, fractions=(0.6,))[0]
+    with pytest.raises(InstallError) as err2:
+        auto_checkpoint(model, batches[0], loss_fn=loss_fn, profile=mprof,
+                        budget=moving.budget_bytes, offload_bandwidth=moving.options["offload_bandwidth"])
+    assert str(err2.value) == SPEC_REFUSAL
+    assert installed_plan(model) is None
