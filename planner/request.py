@@ -447,7 +447,9 @@ def frontier_request(**fields: Any) -> FrontierRequest:
 # 4.9 s at 25, 12-15.5 s at 30 (124 MiB resident), over 100 s at 40, about L^6 / 100 steps of
 # 2 us (at 25 GB/s, where every transfer hides, 40 stages took 5 s: the time coordinate
 # collapses); GPT blocks (examples/gpt24.json's, repeated) 1.0 s at 26, 2.5 s at 38, 9.9 s at 50,
-# 29 s at 64, about L^4 steps. A host budget (host_memory_bytes) makes the frontiers
+# 29 s at 64 at 25 GB/s, and GPT-2 medium's analytic profile (26 stages) 4.2 s at 50 GB/s, where
+# partly hidden copies leave more Pareto points (docs/planner.md: up to 20 s), about 8 L^4 steps.
+# A host budget (host_memory_bytes) makes the frontiers
 # three-dimensional: 0.3 s at 8 distinct stages, 1.8 s at 9, 5-6 s at 10 (x60-x300); gpt24 at a
 # tenth of its store-all peak, 7.7 s at 2 MB/s and over 150 s at 25 GB/s; counted as x L^2 more
 # (x 3 L^2 distinct). A request the estimate lets through and that then runs long is a planning
@@ -530,9 +532,9 @@ def estimate_work(request: PlanRequest | FrontierRequest) -> Work:
 
 
 def _offload_work(profile: Profile, *, host_capped: bool) -> Work:
-    """The offload DP's work (NOTE [ work estimate ]): ~L^4 steps when the chain's stages repeat
-    (at most one distinct byte signature in four stages), ~L^6 / 100 when they do not; x L^2
-    (repeated) or x 3 L^2 (distinct) more with a host budget."""
+    """The offload DP's work (NOTE [ work estimate ]): ~8 L^4 steps when the chain's stages
+    repeat (at most one distinct byte signature in four stages), ~L^6 / 100 when they do not;
+    x L^2 (repeated) or x 3 L^2 (distinct) more with a host budget."""
     from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES
 
     n = profile.n_stages
@@ -541,7 +543,7 @@ def _offload_work(profile: Profile, *, host_capped: bool) -> Work:
     shapes = {(la.output_bytes, la.saved_bytes, la.forward_temp_bytes, la.backward_temp_bytes)
               for la in profile.layers}
     repeated = 4 * len(shapes) <= n
-    steps = float(n**4) if repeated else n**6 / 100
+    steps = 8.0 * n**4 if repeated else n**6 / 100
     if host_capped:
         steps *= n * n if repeated else 3 * n * n
     # frontiers of Python tuples: 4 variants of n^2 / 2 sub-problems, ~n points each (repeated)

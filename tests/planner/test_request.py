@@ -200,7 +200,7 @@ def test_work_estimate_follows_the_options():
 
 def test_work_estimate_of_offload_follows_repetition_and_the_host_budget():
     # NOTE [ work estimate ]: the offload DP is pure Python, its frontiers grow with the distinct
-    # byte sums of the chain: ~L^4 steps for repeated blocks, ~L^6 / 100 for distinct stages
+    # byte sums of the chain: ~8 L^4 steps for repeated blocks, ~L^6 / 100 for distinct stages
     from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES
     from memplan.profiler.schema import load_profile
 
@@ -208,10 +208,10 @@ def test_work_estimate_of_offload_follows_repetition_and_the_host_budget():
     assert gpt.n_stages == 26
     bw = {"offload_bandwidth": 25e9}
     work = estimate_work(plan_request(profile=gpt, budget_bytes=2**32, options=bw))
-    assert work.steps == 26**4 and work.driver == "profile.layers"
+    assert work.steps == 8 * 26**4 and work.driver == "profile.layers"
     host = estimate_work(plan_request(profile=gpt, budget_bytes=2**32,
                                       options={**bw, "host_memory_bytes": 2**30}))
-    assert host.steps == 26**6
+    assert host.steps == 8 * 26**6
     distinct = make_profile(30)
     work = estimate_work(plan_request(profile=distinct, budget_bytes=10**5, options=bw))
     assert work.steps == 30**6 / 100 and work.table_bytes == 80 * 30**4
@@ -224,3 +224,7 @@ def test_work_estimate_of_offload_follows_repetition_and_the_host_budget():
                                       options={"offload_bandwidth": 0})) == plain
     long = make_profile(OFFLOAD_MAX_STAGES + 1)
     assert estimate_work(plan_request(profile=long, options=bw)).steps == OFFLOAD_MAX_STAGES + 1
+    # the frontier with offload: the plain frontier's work and the offload DP's beside it
+    fr = estimate_work(frontier_request(profile=distinct))
+    fr_off = estimate_work(frontier_request(profile=distinct, options=bw))
+    assert fr_off.steps == fr.steps + 30**6 / 100 and fr_off.driver == "profile.layers"
