@@ -36,6 +36,18 @@ Two runs over the same band differ only in what the longer sub-problems are:
   floors), so the lower run's optimum is a lower bound on the exact optimum at the same budget.
 
 The plan's `optimality_gap` = (replayed time - lower bound) / lower bound is therefore certified.
+
+NOTE [ folded lower run ]
+The lower run's cost is the suffixes' splits into optimistic long left parts: O(L^2) splits, each
+walking a suffix's frontier (at 1,000 random stages without a budget, 8 s of CPU). Those splits of
+P(s, L) at s' > s + width offer C(s') - C(s) + P(s', L)(m - x_{s-1}) at peaks of at least
+max(fl[s, s'-1], the forward's peak to s'), C the prefix sums of fn + f + b. Both floors grow with
+s', so every such staircase lies on or above G_s(m) = H_{s+width+1}(m - x_{s-1}) - C(s) from the
+floors at s' = s + width + 1, where H_k = min over s' >= k of (C(s') + P(s', L)) is one running
+envelope, extended by one suffix a length. Offering G_s instead of those splits (`fold`) is a
+further relaxation, so the bound stays certified: O(L) merges instead of O(L^2) walks. Its times
+are lowered by 1e-12 relative (C's differences round unlike the splits' sums). Only the
+frontier's run without a budget uses it (planner/frontier.py); plans keep the unfolded run.
 Wider bands close it (at width >= L both runs are exact); `auto` doubles the width until the gap is
 within `max_gap`.
 """
@@ -55,6 +67,7 @@ from memplan.planner._optimal_kernel import (
     _grow3,
     _last_le,
     _merge_env,
+    _push,
     _restage,
     _staging,
     _subchain,
@@ -289,13 +302,56 @@ def _parts_merged(gP, gT, gC, gN, r0, nparts, lo):
 
 
 @njit(cache=True)
-def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum):
+def _fold_running(Hp, Ht, nh, PP, PT, o, n, add):
+    """The running envelope H (peaks, times; length nh) with the staircase (pool points o..o+n,
+    times plus `add` seconds) folded in (NOTE [ folded lower run ]): (peaks, times, length)."""
+    Sp = PP[o:o + n].copy()
+    St = PT[o:o + n] + add
+    Sc = np.zeros(n, np.int64)
+    Op = np.empty(nh + n + 1, np.int64)
+    Ot = np.empty(nh + n + 1, np.float64)
+    Oc = np.empty(nh + n + 1, np.int64)
+    Hc = np.zeros(nh + 1, np.int64)
+    k = _merge_env(Hp, Ht, Hc, nh, Sp, St, Sc, n, Op, Ot, Oc)
+    return Op, Ot, k
+
+
+@njit(cache=True)
+def _fold_into(Rp, Rt, Rc, ne, Hp, Ht, nh, shift, sub, floor, cap):
+    """The envelope (Rp, Rt, Rc; length ne) with G(m) = H(m - shift) - sub from `floor` up to
+    `cap` bytes (NOTE [ folded lower run ]; choice _OPT_CHOICE): (peaks, times, choices, length)."""
+    Sp = np.empty(nh + 1, np.int64)
+    St = np.empty(nh + 1, np.float64)
+    Sc = np.empty(nh + 1, np.int64)
+    ns = 0
+    for q in range(nh):
+        pk = max(floor, Hp[q] + shift)
+        if pk > cap:
+            break
+        ns = _push(Sp, St, Sc, ns, pk, (Ht[q] - sub) * (1 - 1e-12), _OPT_CHOICE)
+    if ns == 0:
+        return Rp, Rt, Rc, ne
+    Op = np.empty(ne + ns + 1, np.int64)
+    Ot = np.empty(ne + ns + 1, np.float64)
+    Oc = np.empty(ne + ns + 1, np.int64)
+    if ne == 0:
+        Op[:ns] = Sp[:ns]
+        Ot[:ns] = St[:ns]
+        Oc[:ns] = Sc[:ns]
+        return Op[:ns], Ot[:ns], Oc[:ns], ns
+    k = _merge_env(Rp, Rt, Rc, ne, Sp, St, Sc, ns, Op, Ot, Oc)
+    return Op[:k], Ot[:k], Oc[:k], k
+
+
+@njit(cache=True)
+def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum, fold, band, cum):
     """The kernel's `_solve` over the sub-problems `status` marks: SOLVE ones solved (exactly),
     ALIAS ones pointed at their class's first member `rep`, OPTIMISTIC ones given the one point
     (fl, fbsum) (NOTE [ banded DP and its certificate ]), SKIP ones left empty. A length with
     fewer than 4 x n_workers sub-problems to solve builds each one in n_workers memory ranges, one
     a worker (NOTE [ split order and parts ] in planner/_optimal_kernel.py). Returns the pool
-    (off, cnt, peaks, times, choices) like `_solve`."""
+    (off, cnt, peaks, times, choices) like `_solve`. `fold` (band: the band's width, cum: C):
+    each suffix's long optimistic splits as one staircase (NOTE [ folded lower run ])."""
     x, useful = K[0], K[9]
     L = x.shape[0] - 1
     lo = _windows_long(x, K[4], useful, cap, windowed, status, rep)
@@ -311,6 +367,10 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum):
     row_st = np.zeros(nrows, np.int64)
     row_lo = np.zeros(nrows, np.int64)
     row_cap = np.zeros(nrows, np.int64)
+    Hp = np.empty(1, np.int64)  # the running envelope H_hk (NOTE [ folded lower run ])
+    Ht = np.empty(1, np.float64)
+    nh = 0
+    hk = L + 1
     for d in range(L):
         n = L - d
         for phase in range(2):
@@ -353,6 +413,18 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum):
                 else:
                     Rp, Rt, Rc, ne = _parts_merged(gP, gT, gC, gN, r * nparts, nparts,
                                                    lo[kind, st, t])
+                if fold and kind == 0 and t == L and st + band + 1 <= L:
+                    while hk > st + band + 1:  # H down to the suffix st + band + 1
+                        hk -= 1
+                        if cnt[0, hk, L] > 0:
+                            Hp, Ht, nh = _fold_running(Hp, Ht, nh, PP, PT, off[0, hk, L],
+                                                       cnt[0, hk, L], cum[hk])
+                    xs = x[st - 1]
+                    fwd = 0
+                    for k in range(st, st + band + 1):  # the forward's peak to s' = st+band+1
+                        fwd = max(fwd, xs + (x[k - 1] if k > st else 0) + x[k] + K[5][k])
+                    Rp, Rt, Rc, ne = _fold_into(Rp, Rt, Rc, ne, Hp, Ht, nh, xs, cum[st],
+                                                max(fl[st, st + band], fwd), cap)
                 PP, PT, PC = _grow3(PP, PT, PC, used + ne + 1)
                 PP[used:used + ne] = Rp
                 PT[used:used + ne] = Rt
@@ -423,7 +495,8 @@ class LongFrontiers:
         return ch + shift if ch > 0 else ch - shift
 
 
-def _status(c: Costs, rep: np.ndarray | None, width: int | None, optimistic: bool) -> np.ndarray:
+def _status(c: Costs, rep: np.ndarray | None, width: int | None, optimistic: bool,
+            fold: bool = False) -> np.ndarray:
     """status[kind, s, t] (SKIP, SOLVE, ALIAS, OPTIMISTIC) for a band of `width` stages (None:
     every sub-problem) with content classes `rep` (None: none)."""
     L = c.L
@@ -444,7 +517,7 @@ def _status(c: Costs, rep: np.ndarray | None, width: int | None, optimistic: boo
             inside = ok & ((length <= width) | (t_idx == L))
         status[kind][inside] = SOLVE
         if width is not None:
-            status[kind][ok & ~inside] = OPTIMISTIC if optimistic else SKIP
+            status[kind][ok & ~inside] = OPTIMISTIC if optimistic and not fold else SKIP
         if rep is not None:
             alias = inside & (rep[kind] != s_idx)
             status[kind][alias] = ALIAS
@@ -452,18 +525,20 @@ def _status(c: Costs, rep: np.ndarray | None, width: int | None, optimistic: boo
 
 
 def solve_long(c: Costs, *, cap: int | None, width: int | None = None, optimistic: bool = False,
-               memo: bool = False, windowed: bool = True, _workers: int | None = None,
-               _width: int = 256) -> LongFrontiers:
+               memo: bool = False, windowed: bool = True, fold: bool = False,
+               _workers: int | None = None, _width: int = 256) -> LongFrontiers:
     """Frontiers of the sub-problems of a band of `width` stages (None: all, exact), memoised by
     content when `memo` (NOTE [ memoised by content ]); `optimistic`: the band's lower run (NOTE
-    [ banded DP and its certificate ]), else its upper run. `windowed` (with a cap) as in
-    `solve_compiled`. `_workers` (default: numba's threads) and `_width` (the staging rows'
+    [ banded DP and its certificate ]), else its upper run; `fold` (lower run only): each suffix's
+    long optimistic splits as one staircase (NOTE [ folded lower run ]). `windowed` (with a cap)
+    as in `solve_compiled`. `_workers` (default: numba's threads) and `_width` (the staging rows'
     first width, points) are for tests. Returns `LongFrontiers` (bytes, seconds)."""
     L = c.L
     rep = content_classes(c) if memo else None
     if width is not None and width >= L:
         width = None  # the band is the whole chain: exact
-    status = _status(c, rep, width, optimistic)
+    fold = bool(fold and optimistic and width is not None)
+    status = _status(c, rep, width, optimistic, fold)
     K = _arrays(c)
     x = K[0]
     if optimistic and width is not None:
@@ -474,12 +549,15 @@ def solve_long(c: Costs, *, cap: int | None, width: int | None = None, optimisti
     else:
         fl = np.zeros((1, 1), np.int64)
         fbsum = np.zeros((1, 1))
+    cum = np.zeros(L + 2)  # cum[k]: C(k), the sum of fn + f + b over stages 1..k-1
+    cum[1:] = np.cumsum(np.concatenate([[0.0], (np.asarray(c.f_nograd) + np.asarray(c.f)
+                                                 + np.asarray(c.b))[1:L + 1]]))
     cap_i = _NO_CAP if cap is None else np.int64(max(cap, -1))
     rep_arr = rep if rep is not None else np.zeros((2, L + 2, L + 1), np.int64)
     with _LAUNCH:
         off, cnt, P, T, C = _solve_long(K, cap_i, windowed and cap is not None,
                                         _workers or max(1, get_num_threads()), _width, status,
-                                        rep_arr, fl, fbsum)
+                                        rep_arr, fl, fbsum, fold, width or L, cum)
     return LongFrontiers(c, cap, off, cnt, P, T, C, rep)
 
 

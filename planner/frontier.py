@@ -412,7 +412,8 @@ def _bound_at(lower: tuple[list[int], list[float]], peak: int, time_s: float) ->
 
 def _lower_staircase(prof: Profile, width: int = BAND_WIDTH) -> tuple[list[int], list[float]]:
     """A certified lower bound on the time within every budget: the banded DP's optimistic run
-    without a budget (NOTE [ banded DP and its certificate ] in planner/_optimal_long.py), as
+    without a budget, folded (NOTE [ banded DP and its certificate ] and NOTE [ folded lower run ]
+    in planner/_optimal_long.py: 2.3 s of CPU at 1,000 random stages against 8.6 s), as
     (peaks in bytes, seconds); with save policies (which it does not plan), the store-all time at
     every budget."""
     if prof.has_policies:
@@ -420,7 +421,8 @@ def _lower_staircase(prof: Profile, width: int = BAND_WIDTH) -> tuple[list[int],
     from memplan.planner._optimal_dp import costs_of
     from memplan.planner._optimal_long import solve_long
 
-    return solve_long(costs_of(prof), cap=None, width=width, optimistic=True, windowed=False).top()
+    return solve_long(costs_of(prof), cap=None, width=width, optimistic=True, windowed=False,
+                      fold=True).top()
 
 
 def plot_frontier(result: Frontier, path: str | Path) -> Path:

@@ -121,6 +121,46 @@ def test_banded_bound_certifies_the_exact_optimum(prof, width, frac):
         assert upper[1][-1] == exact[1] and lower == exact[1]
 
 
+@_SLOW
+@given(random_chains(min_stages=3, max_stages=14), st.integers(1, 6))
+def test_folded_lower_run_is_a_lower_bound_below_the_unfolded_one(prof, width):
+    # NOTE [ folded lower run ]: each suffix's long optimistic splits folded into one staircase;
+    # a further relaxation, so at every budget: folded <= unfolded <= the exact optimum
+    c = costs_of(prof)
+    exact = solve_compiled(c).top()
+    runs = [solve_long(c, cap=None, width=width, optimistic=True, windowed=False, fold=fold).top()
+            for fold in (True, False)]
+
+    def within(run, peak):
+        k = max((i for i, p in enumerate(run[0]) if p <= peak), default=None)
+        return float("inf") if k is None else run[1][k]
+
+    for peak, time_s in zip(*exact, strict=True):
+        folded, unfolded = within(runs[0], peak), within(runs[1], peak)
+        assert folded <= unfolded * (1 + 1e-12) and unfolded <= time_s * (1 + 1e-12)
+    if width >= prof.n_stages:  # no long left parts: both exact
+        assert runs[0] == runs[1] == exact
+
+
+def test_folded_lower_run_on_a_long_chain():
+    # 60 stages, band 4: most suffix splits are long; the folded bound stays under the exact
+    # frontier at every point and is the unfolded one at the store-all end
+    r = random.Random(21)
+    L = 60
+    prof = chain([r.randint(1, 6) for _ in range(L + 1)], [r.randint(1, 6) for _ in range(L)],
+                 [r.randint(1, 6) for _ in range(L)], [r.randint(0, 6) for _ in range(L)],
+                 [r.randint(0, 3) for _ in range(L)], [r.randint(0, 3) for _ in range(L)])
+    c = costs_of(prof)
+    exact = solve_compiled(c).top()
+    folded = solve_long(c, cap=None, width=4, optimistic=True, windowed=False, fold=True).top()
+    unfolded = solve_long(c, cap=None, width=4, optimistic=True, windowed=False).top()
+    assert folded[0][0] <= unfolded[0][0] <= exact[0][0]
+    for peak, time_s in zip(*exact, strict=True):
+        k = max(i for i, p in enumerate(folded[0]) if p <= peak)
+        assert folded[1][k] <= time_s * (1 + 1e-12)
+    assert folded[1][-1] == pytest.approx(unfolded[1][-1], rel=1e-9)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_banded_plans_on_medium_chains(seed):
     r = random.Random(seed)
