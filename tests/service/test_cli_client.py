@@ -58,3 +58,19 @@ def test_info_command(server):
 def test_serve_rejects_bad_port():
     res = runner.invoke(app, ["serve", "--port", "70000"])
     assert res.exit_code == 2 and "--port" in res.output
+
+
+def test_plan_with_offload_through_the_server_equals_local(server, tmp_path):
+    # `memplan plan --server` sends the same validated request, offload options included
+    from tests.planner.chains import worked_example
+
+    path = tmp_path / "worked.json"
+    path.write_text(worked_example().model_dump_json())
+    args = ["plan", str(path), "--budget", "20", "--offload-bandwidth", "2B/s", "--host-memory",
+            "6", "--json"]
+    local = runner.invoke(app, args)
+    remote = runner.invoke(app, [*args, "--server", server.url])
+    assert local.exit_code == remote.exit_code == 0, remote.output
+    got, want = json.loads(remote.stdout), json.loads(local.stdout)
+    assert got["schedule"] == want["schedule"] and got["predicted"] == want["predicted"]
+    assert got["predicted"]["time_s"] == 43 and got["options"]["host_memory_bytes"] == 6
