@@ -256,6 +256,7 @@ async function requestPlan() {
   try { bw = offloadBandwidth(); } catch (err) { return; }
   const body = { profile: state.profile, budget_bytes: budget, strategy };
   if (bw !== null && strategy === "optimal") body.options = { offload_bandwidth: bw };
+  else if (bw !== null) $("#offload-error").textContent = `offload bandwidth: only the optimal strategy plans offload; this ${strategy} plan has none`;
   try {
     const data = await api("/v1/plans/timeline", { method: "POST", body });
     if (seq !== state.seq) return; // a newer request is on its way

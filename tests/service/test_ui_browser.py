@@ -404,6 +404,16 @@ def test_offload_bandwidth_plans_and_shows_what_moves(serve, browser, tmp_path, 
 
     assert label.startswith(f"op {k} of ") and f"{format_bytes(tl['host_peak_bytes'])} on the host" in label
     b.screenshot(artifacts / "offload.png")
+    # another strategy plans without offload, and the page says so
+    b.js("(() => { const s = document.querySelector('#strategy'); s.value = 'sqrt';"
+         " s.dispatchEvent(new Event('change')); })()")
+    b.wait("document.querySelector('#plan-section').dataset.strategy === 'sqrt'", "the sqrt plan")
+    assert b.js("document.querySelector('#plan-section').dataset.offload") == ""
+    assert "only the optimal strategy plans offload" in b.js("document.querySelector('#offload-error').textContent")
+    assert b.js("document.querySelector('#sum-host').textContent") == "-"
+    b.js("(() => { const s = document.querySelector('#strategy'); s.value = 'optimal';"
+         " s.dispatchEvent(new Event('change')); })()")
+    b.wait("document.querySelector('#plan-section').dataset.offload === '2000000'", "the offload plan again")
     # a bad bandwidth: a message naming the field, and the plan stays
     b.js("(() => { const t = document.querySelector('#offload-text'); t.focus(); t.select(); })()")
     b.type("fast")
