@@ -18,9 +18,9 @@ NOTE [ the frontier's modes ]
    42% at it), so the band stays BAND_WIDTH. Below the upper run's least peak the grouped DP,
    capped there (0.6 s at 1,000 stages against 9 s uncapped), gives the points (mode "grouped",
    bounded by the same lower run); below grouped's least peak, plan_optimal with that budget
-   gives a certified plan. On 1,000 identical blocks banded costs 3.8 s of CPU against
-   memo's 14 s (2026-12-05), but its least peak is 1.25 x the exact one: memo is the certified
-   option that covers every budget.
+   gives a certified plan. On 1,000 identical blocks banded cost 3.8 s of CPU (lower run not yet
+   folded) against memo's 14 s (2026-12-05), but its least peak is 1.25 x the exact one: memo is
+   the certified option that covers every budget.
 2. An explicit `exact_max_stages` keeps its meaning: grouped above it (`mode="grouped"` too), its
    points bounded by the banded lower run (with save policies, which the banded DP does not plan:
    by the store-all time, a plain bound). `mode` "exact", "memo", "banded" force one mode.
