@@ -549,4 +549,6 @@ def _offload_work(profile: Profile, *, host_capped: bool) -> Work:
     # frontiers of Python tuples: 4 variants of n^2 / 2 sub-problems, ~n points each (repeated)
     # or ~n^2 (distinct), ~40 bytes a point as measured (64 MiB at 30 distinct stages)
     points = n if repeated else n * n
-    return Work(steps, 80.0 * n * n * points * (n if host_capped else 1), "profile.layers")
+    # the host budget multiplies the work most: leaving it out is the first way to less
+    return Work(steps, 80.0 * n * n * points * (n if host_capped else 1),
+                "options.host_memory_bytes" if host_capped else "profile.layers")

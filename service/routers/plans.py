@@ -106,8 +106,10 @@ def check_work(body: PlanRequest | FrontierRequest, settings: Settings) -> None:
     if not over:
         return
     field = f"body.{work.driver}"
-    msg = (f"this plan would need {' and '.join(over)}; lower {work.driver} (or give a budget, "
-           "or fewer groups), or plan locally with `memplan plan`")
+    fix = (f"leave out {work.driver} (a host budget multiplies the offload DP's work)"
+           if work.driver == "options.host_memory_bytes"
+           else f"lower {work.driver} (or give a budget, or fewer groups)")
+    msg = f"this plan would need {' and '.join(over)}; {fix}, or plan locally with `memplan plan`"
     raise ProblemError(422, msg, kind="too-much-work", errors=[FieldError(field=field, message=msg)])
 
 

@@ -211,7 +211,7 @@ def test_work_estimate_of_offload_follows_repetition_and_the_host_budget():
     assert work.steps == 8 * 26**4 and work.driver == "profile.layers"
     host = estimate_work(plan_request(profile=gpt, budget_bytes=2**32,
                                       options={**bw, "host_memory_bytes": 2**30}))
-    assert host.steps == 8 * 26**6
+    assert host.steps == 8 * 26**6 and host.driver == "options.host_memory_bytes"
     distinct = make_profile(30)
     work = estimate_work(plan_request(profile=distinct, budget_bytes=10**5, options=bw))
     assert work.steps == 30**6 / 100 and work.table_bytes == 80 * 30**4

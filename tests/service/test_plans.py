@@ -205,6 +205,16 @@ def test_plan_with_offload(client, gpt24):
     assert "offload_record 2" in got["timeline"]["ops"]
 
 
+def test_offload_with_a_host_budget_on_a_long_chain_is_refused_naming_it(client, gpt24):
+    # NOTE [ work estimate ]: a host budget makes the offload DP's frontiers three-dimensional
+    # (gpt24 at 25 GB/s and a tenth of its store-all peak on the host: minutes)
+    r = client.post("/v1/plans", json={"profile": gpt24, "budget_bytes": 4 << 30, "options": {
+        "offload_bandwidth": 25e9, "host_memory_bytes": 1 << 30}})
+    problem = _problem(r, 422)
+    assert problem["errors"][0]["field"] == "body.options.host_memory_bytes"
+    assert "leave out options.host_memory_bytes" in problem["detail"]
+
+
 @pytest.mark.parametrize(("patch", "field"), [
     ({"options": {"offload_bandwidth": -1}}, "body.options.offload_bandwidth"),
     ({"options": {"offload_bandwidth": "25GB/s"}}, "body.options.offload_bandwidth"),
