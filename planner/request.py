@@ -191,6 +191,11 @@ class FrontierOptions(_Options):
         default=None, ge=1, le=2000, description="stages solved exactly; null: 120",
     )
     groups: int = Field(default=150, ge=1, le=2000, description="macro stages in grouped mode")
+    mode: Literal["auto", "exact", "memo", "banded", "grouped"] = Field(
+        default="auto", description="auto (exact up to exact_max_stages; above, memo where "
+        "sub-chains repeat, else banded, each point with its certified gap), exact, memo, banded "
+        "or grouped (NOTE [ the frontier's modes ] in planner/frontier.py)",
+    )
     offload_bandwidth: float | None = Field(
         default=None, ge=0, le=MAX_OFFLOAD_BANDWIDTH,
         description="host-device bandwidth, bytes/s: the frontier of plans that may also offload "
@@ -354,7 +359,7 @@ class FrontierRequest(BaseModel):
     profile: Profile
     options: FrontierOptions = Field(
         default_factory=FrontierOptions,
-        description="points, exact_max_stages, groups, offload_bandwidth, host_memory_bytes",
+        description="points, exact_max_stages, groups, mode, offload_bandwidth, host_memory_bytes",
     )
 
     @model_validator(mode="after")
