@@ -111,14 +111,29 @@ def _envelope(cand: list[tuple], cap: int | None, host_cap: int | None) -> list[
                     out.append(pt)
                 best = tm
         return out
+    # 3D: a point is dominated when an earlier one (peak no larger) has host and time no larger;
+    # `hosts`/`times` is the staircase of the least time within each host count seen so far
+    hosts: list[int] = []
+    times: list[float] = []
     for pt in cand:
         if cap is not None and pt[0] > cap:
             break
-        if pt[1] > host_cap:
+        h, tm = pt[1], pt[2]
+        if h > host_cap:
             continue
-        if any(q[1] <= pt[1] and q[2] <= pt[2] + _rel_eps(pt[2]) for q in out):
+        k = bisect_right(hosts, h) - 1
+        if k >= 0 and times[k] <= tm + _rel_eps(tm):
             continue
         out.append(pt)
+        # insert (h, tm); drop the entries at larger hosts that are no faster
+        j = k + 1
+        end = j
+        while end < len(hosts) and times[end] >= tm:
+            end += 1
+        if k >= 0 and hosts[k] == h:
+            hosts[k:end], times[k:end] = [h], [tm]
+        else:
+            hosts[j:end], times[j:end] = [h], [tm]
     return out
 
 

@@ -358,7 +358,11 @@ def _offload_frontier(prof: Profile, *, points, mode, bandwidth: float, host_cap
         raise PlanError(f"offload_bandwidth: offload is planned for chains of up to "
                         f"{OFFLOAD_MAX_STAGES} stages, this one has {L}; profile coarser stages or "
                         f"leave offload_bandwidth out")
-    fr = solve_offload(costs_of(prof), bandwidth=bandwidth, host_cap=host_cap)
+    c = costs_of(prof)
+    fr = solve_offload(c, bandwidth=bandwidth)  # a relaxation of the host budget: exact when
+    # every point fits it (NOTE [ offload in the recurrence ]); else the three-dimensional DP
+    if host_cap is not None and any(pt[1] > host_cap for pt in fr.top()):
+        fr = solve_offload(c, bandwidth=bandwidth, host_cap=host_cap)
     best: dict[int, tuple] = {}  # peak -> the fastest point (least host on ties)
     for pt in fr.top():
         if pt[0] not in best or (pt[2], pt[1]) < (best[pt[0]][2], best[pt[0]][1]):

@@ -440,12 +440,30 @@ def _plan_offload(profile: Profile, budget_bytes, *, max_overhead, mode, checkpo
                         f"offload_bandwidth")
     c = costs_of(profile)
     cap = budget_bytes if max_overhead is None else None
-    fr = solve_offload(c, bandwidth=bandwidth, cap=cap, host_cap=host_cap)
     options: dict = {"mode": "exact", "offload_bandwidth": bandwidth,
                      "host_memory_bytes": host_cap}
     if max_overhead is not None:
         options["max_overhead"] = max_overhead
-    top = fr.top()
+
+    def pick(fr):
+        top = fr.top()
+        if not top:
+            return top, None
+        if max_overhead is None:
+            return top, fr.best(budget_bytes)
+        limit = (1.0 + max_overhead) * store_all_time(profile)
+        within = [p for p in top if p[2] <= limit * (1 + 1e-12)]
+        return top, (min(within, key=lambda p: (p[0], p[2])) if within
+                     else min(top, key=lambda p: p[2]))
+
+    # NOTE [ offload in the recurrence ]: the host budget makes the frontiers three-dimensional
+    # (much larger); the plan without it is a relaxation, so when its point fits the host budget
+    # it is the optimum under it, and the three-dimensional DP runs only when it does not
+    fr = solve_offload(c, bandwidth=bandwidth, cap=cap)
+    top, point = pick(fr)
+    if host_cap is not None and (point is None or point[1] > host_cap):
+        fr = solve_offload(c, bandwidth=bandwidth, cap=cap, host_cap=host_cap)
+        top, point = pick(fr)
     if not top:
         least_fr = fr if cap is None else solve_offload(c, bandwidth=bandwidth, host_cap=host_cap)
         pts = least_fr.top()
@@ -453,12 +471,6 @@ def _plan_offload(profile: Profile, budget_bytes, *, max_overhead, mode, checkpo
             raise PlanError(f"host_memory_bytes: no schedule fits {host_cap} host bytes; raise it "
                             f"or leave it out")
         return _infeasible(profile, budget_bytes, pts[0][0], options)
-    if max_overhead is not None:
-        limit = (1.0 + max_overhead) * store_all_time(profile)
-        within = [p for p in top if p[2] <= limit * (1 + 1e-12)]
-        point = min(within, key=lambda p: (p[0], p[2])) if within else min(top, key=lambda p: p[2])
-    else:
-        point = fr.best(budget_bytes)
     ops = insert_drops(offload_ops(fr, point), L)
     sim = replay(profile, ops, None, None, offload_bandwidth=bandwidth)
     if not sim.valid or (host_cap is not None and sim.host_peak_bytes > host_cap):

@@ -225,3 +225,16 @@ def test_frontier_request_and_cli_take_offload(tmp_path):
     assert '"host_memory_bytes": 6' in out.output
     bad = CliRunner().invoke(app, ["frontier", str(path), "--host-memory", "6"])
     assert bad.exit_code != 0 and "--host-memory" in bad.output
+
+
+@settings(max_examples=30, deadline=None)
+@given(random_chains(2, 5), st.sampled_from([1.0, 4.0]), st.integers(0, 40))
+def test_a_host_budget_plan_is_the_three_dimensional_optimum(prof, bw, host):
+    # the planner solves without the host budget first and keeps that point when it fits
+    c = costs_of(prof)
+    top3 = solve_offload(c, bandwidth=bw, host_cap=host).top()
+    for budget in sorted({p[0] for p in top3}):
+        p = plan(prof, budget_bytes=budget, offload_bandwidth=bw, host_memory_bytes=host)
+        want = min(q[2] for q in top3 if q[0] <= budget)
+        assert p.feasible and p.predicted.host_peak_bytes <= host
+        assert p.predicted.time_s == pytest.approx(want, rel=1e-12)
