@@ -502,8 +502,7 @@ def estimate_work(request: PlanRequest | FrontierRequest) -> Work:
         steps = _UNCAPPED * m**3 + _PY_STEP * n * n
         work = Work(float(steps), 48.0 * m * m, driver)
         if getattr(request.options, "offload_bandwidth", None):  # the offload frontier beside it
-            off = _offload_work(request.profile,
-                                host_capped=request.options.host_memory_bytes is not None)
+            off = _offload_work(request.profile)
             work = Work(work.steps + off.steps, max(work.table_bytes, off.table_bytes),
                         off.driver if off.steps > work.steps else driver)
         return work
@@ -518,7 +517,7 @@ def estimate_work(request: PlanRequest | FrontierRequest) -> Work:
         return Work(float(_PY_STEP * n * n), 0.0, "profile.layers")
     budgeted = request.budget_bytes is not None or request.memory_bytes is not None
     if opts.offload_bandwidth:
-        return _offload_work(request.profile, host_capped=opts.host_memory_bytes is not None)
+        return _offload_work(request.profile)
     if opts.mode == "slotted":
         s = opts.slots
         return Work(n**3 * s / _SLOT_STEP, 20.0 * (n + 2) * (n + 1) * (s + 1), "options.slots")
@@ -536,10 +535,12 @@ def estimate_work(request: PlanRequest | FrontierRequest) -> Work:
     return Work(float(steps), 48.0 * m * m, driver)
 
 
-def _offload_work(profile: Profile, *, host_capped: bool) -> Work:
+def _offload_work(profile: Profile) -> Work:
     """The offload DP's work (NOTE [ work estimate ]): ~8 L^4 steps when the chain's stages
-    repeat (at most one distinct byte signature in four stages), ~L^6 / 100 when they do not;
-    x L^2 (repeated) or x 3 L^2 (distinct) more with a host budget."""
+    repeat (at most one distinct byte signature in four stages), ~L^6 / 100 when they do not. A
+    host budget costs the same when the plan without it fits it (the planner tries that first);
+    the three-dimensional DP behind it when it does not (up to L^2 x more) is not counted here:
+    its work depends on the answer, so the request runs in a worker and the time limit bounds it."""
     from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES
 
     n = profile.n_stages
@@ -549,11 +550,7 @@ def _offload_work(profile: Profile, *, host_capped: bool) -> Work:
               for la in profile.layers}
     repeated = 4 * len(shapes) <= n
     steps = 8.0 * n**4 if repeated else n**6 / 100
-    if host_capped:
-        steps *= n * n if repeated else 3 * n * n
     # frontiers of Python tuples: 4 variants of n^2 / 2 sub-problems, ~n points each (repeated)
     # or ~n^2 (distinct), ~40 bytes a point as measured (64 MiB at 30 distinct stages)
     points = n if repeated else n * n
-    # the host budget multiplies the work most: leaving it out is the first way to less
-    return Work(steps, 80.0 * n * n * points * (n if host_capped else 1),
-                "options.host_memory_bytes" if host_capped else "profile.layers")
+    return Work(steps, 80.0 * n * n * points, "profile.layers")
