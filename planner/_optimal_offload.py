@@ -42,6 +42,7 @@ and points above the host budget are dropped; without it host bytes are reported
 from __future__ import annotations
 
 from bisect import bisect_right
+from contextvars import ContextVar
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -54,7 +55,11 @@ from memplan.planner._optimal_dp import (
     late_useful,
 )
 
-__all__ = ["OFFLOAD_MAX_STAGES", "OffloadFrontiers", "solve_offload", "offload_ops"]
+__all__ = ["OFFLOAD_MAX_STAGES", "OffloadFrontiers", "solve_offload", "offload_ops", "PROGRESS"]
+
+# set by a caller that shows progress (the CLI's bar): called as hook(done, total) after each
+# sub-chain length; the DP takes seconds to minutes on long chains of distinct stages
+PROGRESS: ContextVar = ContextVar("offload_progress", default=None)
 
 # the pure-Python DP costs about L^3 x (frontier size) steps, several times the plain DP's per
 # step: about 1 s at 40 stages on this project's 2-core machine (docs/planner.md "Offload")
@@ -298,12 +303,16 @@ def solve_offload(c: Costs, *, bandwidth: float | None, cap: int | None = None,
                              cand[("F", flag)], three_d)
         return {v: _envelope(pts, cap, host_cap) for v, pts in cand.items()}
 
+    hook = PROGRESS.get()
+    work = L * (L + 1) * (L + 2) // 6  # the splits below each length: about t^2 / 2 each
     for t in range(1, L + 1):
         if useful[t - 1]:
             for st in range(t - 1, 0, -1):
                 Q[(st, t - 1)] = subchain(st, t - 1, True)
         for st in range(t, 0, -1):
             P[(st, t)] = subchain(st, t, False)
+        if hook is not None:
+            hook(t * (t + 1) * (t + 2) // 6, work)
     return OffloadFrontiers(costs=c, bandwidth=bw, host_cap=host_cap, P=P, Q=Q)
 
 

@@ -104,6 +104,23 @@ def plan_request_of(prof, *, strategy: str, sizes: dict, options: dict, **fields
         raise ValueError(f"{_option_name(err.field)}: {err.reason}") from None
 
 
+def _plan_with_progress(planner, request):
+    """`planner.plan_for(request)`, with a progress bar on a terminal while the offload DP (pure
+    Python: seconds to minutes on long chains) runs."""
+    if not getattr(request.options, "offload_bandwidth", None):
+        return planner.plan_for(request)
+    from memplan.cli.size import _progress
+    from memplan.planner._optimal_offload import PROGRESS
+
+    bar, update = _progress("planning with offload")
+    token = PROGRESS.set(update)
+    try:
+        with bar:
+            return planner.plan_for(request)
+    finally:
+        PROGRESS.reset(token)
+
+
 @app.command("plan")
 @user_errors
 def plan_cmd(
@@ -172,7 +189,7 @@ def plan_cmd(
             extra=body))
     else:
         try:
-            plan = planner.plan_for(request)
+            plan = _plan_with_progress(planner, request)
         except planner.PlanError as err:  # name this command's option, not the library's field
             raise ValueError(f"{_option_name(err.field)}: {err.reason}") from None
     if json_out:

@@ -238,3 +238,15 @@ def test_a_host_budget_plan_is_the_three_dimensional_optimum(prof, bw, host):
         want = min(q[2] for q in top3 if q[0] <= budget)
         assert p.feasible and p.predicted.host_peak_bytes <= host
         assert p.predicted.time_s == pytest.approx(want, rel=1e-12)
+
+
+def test_progress_hook_sees_every_length():
+    from memplan.planner._optimal_offload import PROGRESS
+
+    seen = []
+    token = PROGRESS.set(lambda done, total: seen.append((done, total)))
+    try:
+        solve_offload(costs_of(worked_example()), bandwidth=2.0)
+    finally:
+        PROGRESS.reset(token)
+    assert [d for d, _ in seen] == [1, 4, 10, 20] and {t for _, t in seen} == {20}
