@@ -60,7 +60,7 @@ from memplan.planner.simulate import nograd_forward_s, nograd_forward_temp_bytes
 
 __all__ = ["Costs", "Record", "Frontiers", "record_code", "record_policy", "PolicyRuns",
            "policy_runs", "schedule_and_policies", "expand_policies", "solve", "costs_of", "schedule_ops", "least_peak", "group_costs",
-           "expand_ops", "late_useful", "late_useful_of"]
+           "expand_ops", "late_useful", "late_useful_of", "staircase"]
 
 RECORD = 0  # choice code: record stage s; a split stores s' (>= s+1), a late split -s'
 POLICY_BASE = -(1 << 40)  # a record under save policy p >= 1: POLICY_BASE - p (below every -s')
@@ -335,12 +335,18 @@ def solve(c: Costs, *, cap: int | None = None) -> Frontiers:
 
 def _merge(Rp, Rt, shift, Lp, Lt, floor, add, choice, out) -> None:
     """Points of m -> add + R(m - shift) + L(m) for m >= floor, appended to `out`."""
+    out.extend((m, add + Rt[i] + Lt[j], choice) for m, i, j in staircase(Rp, shift, Lp, floor))
+
+
+def staircase(Rp, shift, Lp, floor):
+    """The breakpoints of m -> (R(m - shift), L(m)) for m >= floor, two staircases given by their
+    ascending peaks: yields (m, i, j), the peak and the indices of the points in force there."""
     nR, nL = len(Rp), len(Lp)
     m = max(Rp[0] + shift, Lp[0], floor)
     i = bisect_right(Rp, m - shift) - 1
     j = bisect_right(Lp, m) - 1
     while True:
-        out.append((m, add + Rt[i] + Lt[j], choice))
+        yield m, i, j
         nr = Rp[i + 1] + shift if i + 1 < nR else None
         nl = Lp[j + 1] if j + 1 < nL else None
         if nr is None and nl is None:

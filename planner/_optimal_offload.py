@@ -53,6 +53,7 @@ from memplan.planner._optimal_dp import (
     _record_floor,
     _rel_eps,
     late_useful,
+    staircase,
 )
 
 __all__ = ["OFFLOAD_MAX_STAGES", "OffloadFrontiers", "solve_offload", "offload_ops", "PROGRESS"]
@@ -164,27 +165,9 @@ def _combine(right, shift, hshift, left, floor, add, how, out, three_d) -> None:
                 out.append((max(floor, r[0] + shift, lp[0]), max(r[1] + hshift, lp[1]),
                             add + r[2] + lp[2], how(r, lp)))
         return
-    nR, nL = len(right), len(left)
-    rp = [r[0] for r in right]
-    lpk = [lp[0] for lp in left]
-    m = max(rp[0] + shift, lpk[0], floor)
-    i = bisect_right(rp, m - shift) - 1
-    j = bisect_right(lpk, m) - 1
-    while True:
+    for m, i, j in staircase([r[0] for r in right], shift, [lp[0] for lp in left], floor):
         r, lp = right[i], left[j]
         out.append((m, max(r[1] + hshift, lp[1]), add + r[2] + lp[2], how(r, lp)))
-        nr = rp[i + 1] + shift if i + 1 < nR else None
-        nl = lpk[j + 1] if j + 1 < nL else None
-        if nr is None and nl is None:
-            return
-        if nl is None or (nr is not None and nr <= nl):
-            m = nr
-            i += 1
-            if nl is not None and nl == nr:
-                j += 1
-        else:
-            m = nl
-            j += 1
 
 
 def solve_offload(c: Costs, *, bandwidth: float | None, cap: int | None = None,
