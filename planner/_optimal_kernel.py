@@ -155,6 +155,68 @@ def _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Op, Ot, Oc):
     return k
 
 
+@njit(cache=True, inline="always")  # inlined: a call costs its arrays' reference counts
+def _merge_in_place(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc):
+    """`_merge_env` of E and S into E itself (room for ne + ns points; F: scratch for as many);
+    returns its length. Only the stretch that S changes is written: E's points below S's first
+    peak stay where they are, and its tail once S is spent and beaten is moved as a block (NOTE
+    [ winners first ]: most merges add a few points to a long envelope)."""
+    i0 = _last_le(Ep, 0, ne, Sp[0] - 1) + 1  # E's points with a peak below S's first: kept
+    i = i0
+    k = 0  # the merged stretch, in F
+    ea = Et[i - 1] if i > 0 else np.inf
+    ec = Ec[i - 1] if i > 0 else 0
+    last = ea
+    j = 0
+    sa = np.inf
+    sc = 0
+    while i < ne or j < ns:
+        if j >= ns and i < ne and Et[i] < sa:
+            if Et[i] < last - abs(last) * 1e-12 or last == np.inf:
+                break  # S is spent and E beats its last value from here on: E's tail as it is
+        if j >= ns or (i < ne and Ep[i] <= Sp[j]):
+            m = Ep[i]
+        else:
+            m = Sp[j]
+        while i < ne and Ep[i] == m:
+            ea = Et[i]
+            ec = Ec[i]
+            i += 1
+        while j < ns and Sp[j] == m:
+            sa = St[j]
+            sc = Sc[j]
+            j += 1
+        if sa < ea:
+            v = sa
+            c = sc
+        else:
+            v = ea
+            c = ec
+        if v < last - abs(last) * 1e-12 or (last == np.inf and v < np.inf):
+            Fp[k] = m
+            Ft[k] = v
+            Fc[k] = c
+            k += 1
+            last = v
+    # E = E[:i0] + F[:k] + E[i:ne]: the tail moves from i to i0 + k (ranges may overlap)
+    n = ne - i
+    to = i0 + k
+    if to > i:
+        for q in range(n - 1, -1, -1):
+            Ep[to + q] = Ep[i + q]
+            Et[to + q] = Et[i + q]
+            Ec[to + q] = Ec[i + q]
+    elif to < i:
+        for q in range(n):
+            Ep[to + q] = Ep[i + q]
+            Et[to + q] = Et[i + q]
+            Ec[to + q] = Ec[i + q]
+    Ep[i0:to] = Fp[:k]
+    Et[i0:to] = Ft[:k]
+    Ec[i0:to] = Fc[:k]
+    return to + n
+
+
 @njit(cache=True)
 def _push(Sp, St, Sc, n, p, tm, ch):
     """Append (p, tm, ch) to a staircase being built in peak order; returns the new length."""
@@ -445,12 +507,11 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W, H):
                                -sp if left else sp, Ep, Et, ne, e, Sp, St, Sc)
             if ns == 0:
                 continue  # nothing of this split enters the envelope: no merge, no copy
-            if ne + ns > Fp.shape[0]:
-                Fp, Ft, Fc = _grow3(Fp, Ft, Fc, ne + ns)
-            ne = _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
-            Ep, Fp = Fp, Ep
-            Et, Ft = Ft, Et
-            Ec, Fc = Fc, Ec
+            if ne + ns + 1 > Fp.shape[0]:
+                Fp, Ft, Fc = _grow3(Fp, Ft, Fc, ne + ns + 1)
+            if ne + ns + 1 > Ep.shape[0]:
+                Ep, Et, Ec = _grow3(Ep, Et, Ec, ne + ns + 1)
+            ne = _merge_in_place(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
     k = _last_le(Ep, 0, ne, lo)  # the point in force at lo: those before it are never asked for
     if k > 0:
         ne -= k

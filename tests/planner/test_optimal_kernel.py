@@ -169,3 +169,37 @@ def test_late_splits_compiled_as_in_the_reference(seed):
         late_used += sum(1 for a, b in zip(ops, ops[1:], strict=False)
                          if a[0] == "R" and b == ("B", a[1] + 1))
     assert late_used > 0
+
+
+def _staircase(r, n):
+    """A staircase of n points: peaks ascending (some shared with the other one's), times falling
+    (some equal within 1e-12 relative, as ties)."""
+    import numpy as np
+
+    peaks = sorted(r.sample(range(1, 4 * n + 2), n))
+    times, t = [], 100.0
+    for _ in range(n):
+        t -= r.choice([1.0, 0.5, 1e-14 * t])
+        times.append(t)
+    return (np.asarray(peaks, np.int64), np.asarray(times), np.asarray(r.sample(range(1000), n)))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_merge_in_place_equals_the_copying_merge(seed):
+    """NOTE [ winners first ]: the envelope merged in place (head kept, tail moved) is the one
+    `_merge_env` copies out, point for point and choice for choice (ties: the envelope's)."""
+    import numpy as np
+    from memplan.planner._optimal_kernel import _merge_env, _merge_in_place
+
+    r = random.Random(seed)
+    ne, ns = r.randint(1, 30), r.randint(1, 8)
+    E, S = _staircase(r, ne), _staircase(r, ns)
+    room = ne + ns + 1
+    want = [np.empty(room, a.dtype) for a in E]
+    n = _merge_env(*E, ne, *S, ns, *want)
+    got = [np.concatenate([a, np.full(ns + 1, -7, a.dtype)]) for a in E]
+    scratch = [np.empty(room, a.dtype) for a in E]
+    m = _merge_in_place(*got, ne, *S, ns, *scratch)
+    assert m == n
+    for w, g in zip(want, got, strict=True):
+        assert w[:n].tolist() == g[:m].tolist()
