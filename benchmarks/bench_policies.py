@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import statistics
 import sys
@@ -88,9 +89,12 @@ def main() -> None:
         print(f"{r['stages']:>6} {r['budget_frac']:>6.2f} {r['seconds_one_policy']:>10.3f} "
               f"{r['seconds_four_policies']:>12.3f} {r['ratio']:>6.2f} {r['step_time_ratio']:>13.3f} "
               f"{r['stages_under_policies']:>14}")
+    load = os.getloadavg()
+    print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+          f"({os.cpu_count()} CPUs)")
     out = REPO / "benchmarks" / "results" / "bench_policies.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1))
+    out.write_text(json.dumps(dict(rows=rows, load_average=load, cpus=os.cpu_count()), indent=1))
 
 
 if __name__ == "__main__":
