@@ -13,6 +13,7 @@ from memplan.executor.runner import ScheduleRunner
 from memplan.profiler.tensors import unique_params
 
 from tests.executor.models import measured_profile, mlp_chain
+from tests.retry import measured_again
 
 SPEC_REFUSAL = (
     "offload: this plan moves activations to host memory, which needs a CUDA device (there is no "
@@ -285,6 +286,7 @@ def _per_op_bytes(stages, x, ops, **kw):
 
 
 @pytest.mark.parametrize("chain", ["mlp", "gpt"])
+@measured_again()  # NOTE [ byte tests in the full suite ] in tests/retry.py
 def test_transfers_add_nothing_to_the_replays_bytes(chain):
     # On the CPU the host copies are CPU bytes too: during every op but the transfer ops
     # themselves, the bytes measured with transfers are the replay's device plus host bytes, off

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from memplan.planner import plan
 from memplan.planner._build import insert_drops
-from memplan.planner._optimal_dp import costs_of, late_useful, least_peak, solve
+from memplan.planner._optimal_dp import costs_of, late_useful, solve
 from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES, offload_ops, solve_offload
 from memplan.planner.schema import PlanError
 from memplan.planner.simulate import replay

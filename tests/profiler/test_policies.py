@@ -25,6 +25,7 @@ from torch import nn
 
 from memplan import planner
 from tests.conftest import one_off_bytes
+from tests.retry import measured_again
 
 gpt = pytest.importorskip("memplan.profiler.models.gpt")
 
@@ -131,6 +132,7 @@ def profiled(request):
     return request.param, stages, x, slack, prof
 
 
+@measured_again()  # NOTE [ byte tests in the full suite ] in tests/retry.py
 def test_each_policy_measured_is_the_step_run_under_it(profiled):
     # op by op in a store-all step, every stage that has the policy running under it, against
     # the replay with those stages' policy fields; the gradients are the plain step's, bitwise

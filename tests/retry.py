@@ -1,0 +1,31 @@
+"""`measured_again`: re-run a test that compares exact CPU bytes when a run disagrees.
+
+NOTE [ byte tests in the full suite ]
+Exact per-op byte comparisons pass alone every time but, late in the full suite, disagree in
+some runs by 4 bytes to a few KiB, for a cause not yet pinned down (CPU allocation accounting
+counts every thread's allocations; the gap moves between runs of the same code). A real error in
+the model or the runner repeats on every run; this does not. So such a test is run up to three times
+and fails only when every run fails (the last run's assertion is raised)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def measured_again(tries: int = 3):
+    def wrap(test):
+        @functools.wraps(test)
+        def run(*args, **kwargs):
+            for attempt in range(1, tries + 1):
+                try:
+                    return test(*args, **kwargs)
+                except AssertionError:
+                    if attempt == tries:
+                        raise
+                    log.warning("%s: bytes disagreed on run %d; measuring again", test.__name__,
+                                attempt)
+        return run
+    return wrap
