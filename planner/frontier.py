@@ -49,6 +49,7 @@ from memplan.planner.optimal import (
     EXACT_MAX_STAGES_UNCAPPED,
     _check_options,
     check_offload,
+    check_offload_plannable,
     point_for,
     solve_frontier,
 )
@@ -345,19 +346,10 @@ def _offload_frontier(prof: Profile, *, points, mode, bandwidth: float, host_cap
     wait; exact, so each point is its own bound."""
     from memplan.planner._build import insert_drops
     from memplan.planner._optimal_dp import costs_of
-    from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES, offload_ops, solve_offload
+    from memplan.planner._optimal_offload import offload_ops, solve_offload
 
+    check_offload_plannable(prof, mode)
     L = prof.n_stages
-    if mode not in ("auto", "exact"):
-        raise PlanError(f"mode: offload is planned by the exact DP only; use mode 'auto' or "
-                        f"'exact' (got {mode!r}), or leave offload_bandwidth out")
-    if prof.has_policies:
-        raise PlanError("offload_bandwidth: save policies and offload are not planned together; "
-                        "use a profile without policies or leave offload_bandwidth out")
-    if L > OFFLOAD_MAX_STAGES:
-        raise PlanError(f"offload_bandwidth: offload is planned for chains of up to "
-                        f"{OFFLOAD_MAX_STAGES} stages, this one has {L}; profile coarser stages or "
-                        f"leave offload_bandwidth out")
     c = costs_of(prof)
     fr = solve_offload(c, bandwidth=bandwidth)  # a relaxation of the host budget: exact when
     # every point fits it (NOTE [ offload in the recurrence ]); else the three-dimensional DP

@@ -54,7 +54,7 @@ from memplan.profiler.schema import Profile
 
 __all__ = ["plan_optimal", "solve_frontier", "EXACT_MAX_STAGES", "EXACT_MAX_STAGES_UNCAPPED",
            "DEFAULT_GROUPS", "MODES", "BAND_WIDTH", "check_mode", "use_slotted", "plan_slotted",
-           "lower_bound_banded", "check_offload"]
+           "lower_bound_banded", "check_offload", "check_offload_plannable"]
 
 log = logging.getLogger(__name__)
 
@@ -416,11 +416,11 @@ def check_offload(offload_bandwidth, host_memory_bytes) -> float | None:
     return float(bw) if bw else None
 
 
-def _plan_offload(profile: Profile, budget_bytes, *, max_overhead, mode, checkpoint_dtype,
-                  bandwidth: float, host_cap: int | None, t0: float) -> Plan:
-    """The optimal plan with offload (planner/_optimal_offload.py): the DP's fastest point within
-    the budgets, replayed (seconds, bytes)."""
-    from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES, offload_ops, solve_offload
+def check_offload_plannable(profile: Profile, mode: str) -> None:
+    """Raise PlanError naming the field when the offload DP (planner/_optimal_offload.py) cannot
+    plan `profile` in `mode`: modes other than auto and exact, save policies, or more than
+    OFFLOAD_MAX_STAGES stages. For plans and frontiers alike."""
+    from memplan.planner._optimal_offload import OFFLOAD_MAX_STAGES
 
     if mode not in ("auto", "exact"):
         raise PlanError(f"mode: offload is planned by the exact DP only; use mode 'auto' or "
@@ -429,15 +429,25 @@ def _plan_offload(profile: Profile, budget_bytes, *, max_overhead, mode, checkpo
         raise PlanError("offload_bandwidth: save policies and offload are not planned together; "
                         "plan the profile without policies (Profile.with_policies(None)) or "
                         "without offload_bandwidth")
-    if checkpoint_dtype != "compute":
-        raise PlanError("offload_bandwidth: offload plans keep activations in their compute dtype; "
-                        "use checkpoint_dtype 'compute' or leave offload_bandwidth out")
     L = profile.n_stages
     if L > OFFLOAD_MAX_STAGES:
         raise PlanError(f"offload_bandwidth: offload is planned for chains of up to "
                         f"{OFFLOAD_MAX_STAGES} stages (the DP with transfers is pure Python), this "
                         f"one has {L}; profile coarser stages (a block per stage) or plan without "
                         f"offload_bandwidth")
+
+
+def _plan_offload(profile: Profile, budget_bytes, *, max_overhead, mode, checkpoint_dtype,
+                  bandwidth: float, host_cap: int | None, t0: float) -> Plan:
+    """The optimal plan with offload (planner/_optimal_offload.py): the DP's fastest point within
+    the budgets, replayed (seconds, bytes)."""
+    from memplan.planner._optimal_offload import offload_ops, solve_offload
+
+    check_offload_plannable(profile, mode)
+    if checkpoint_dtype != "compute":
+        raise PlanError("offload_bandwidth: offload plans keep activations in their compute dtype; "
+                        "use checkpoint_dtype 'compute' or leave offload_bandwidth out")
+    L = profile.n_stages
     c = costs_of(profile)
     cap = budget_bytes if max_overhead is None else None
     options: dict = {"mode": "exact", "offload_bandwidth": bandwidth,
