@@ -83,33 +83,45 @@ def simulate_1f1b(P: int, M: int, *, forward_s: float = 1.0, backward_s: float =
     time, in its order; F(p, m) after F(p-1, m), B(p, m) after B(p+1, m) and F(p, m)), with
     uniform op times in seconds. Returns the per-stage most micro-batches in flight and the
     makespan (seconds)."""
-    orders = one_f_one_b(P, M)
-    done: dict[tuple[str, int, int], float] = {}
-    pos, free = [0] * P, [0.0] * P
-    held, peak = [0] * P, [0] * P
+    orders = [[(kind, 0, m) for kind, m in order] for order in one_f_one_b(P, M)]  # one chunk
+    return _run_events(orders, 1, forward_s, backward_s,
+                       deadlock="schedule: deadlock (an op waits on one that comes later)")
+
+
+def _run_events(orders: list[list[tuple[str, int, int]]], v: int, forward_s: float,
+                backward_s: float, *, deadlock: str) -> PipelineSimulation:
+    """Run per-rank orders of ("F" or "B", chunk, micro-batch) over `v` chunks a rank as events:
+    each rank one op at a time, in its order; F(p, j, m) after F(p - 1, j, m) (rank 0: after
+    F(P - 1, j - 1, m)), B(p, j, m) after B(p + 1, j, m) (rank P - 1: after B(0, j + 1, m)) and
+    F(p, j, m); forwards take `forward_s`, backwards `backward_s` seconds. With v = 1 these are
+    1F1B's dependencies. Returns per rank the most ops forwarded and not yet backwarded, and the
+    makespan (seconds); raises PlanError with `deadlock` when no op can run."""
+    P = len(orders)
+    done: dict[tuple[str, int, int, int], float] = {}
+    pos, free, held, peak = [0] * P, [0.0] * P, [0] * P, [0] * P
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for p in range(P):
             if pos[p] == len(orders[p]):
                 continue
-            kind, m = orders[p][pos[p]]
-            deps = [("F", p - 1, m)] if kind == "F" and p > 0 else []
-            if kind == "B":
-                deps = [("F", p, m)] + ([("B", p + 1, m)] if p < P - 1 else [])
+            kind, j, m = orders[p][pos[p]]
+            if kind == "F":
+                deps = [("F", p - 1, j, m)] if p > 0 else ([("F", P - 1, j - 1, m)] if j > 0 else [])
+            else:
+                deps = [("F", p, j, m)]
+                deps += [("B", p + 1, j, m)] if p < P - 1 else ([("B", 0, j + 1, m)] if j < v - 1 else [])
             if any(d not in done for d in deps):
                 continue
-            start = max([free[p], *(done[d] for d in deps)])
-            end = start + (forward_s if kind == "F" else backward_s)
-            done[(kind, p, m)] = end
-            free[p] = end
+            end = max([free[p], *(done[d] for d in deps)]) + (forward_s if kind == "F" else backward_s)
+            done[(kind, p, j, m)] = free[p] = end
             held[p] += 1 if kind == "F" else -1
             peak[p] = max(peak[p], held[p])
             pos[p] += 1
             remaining -= 1
             progressed = True
-        if not progressed:  # pragma: no cover - the 1F1B order never deadlocks
-            raise PlanError("schedule: deadlock (an op waits on one that comes later)")
+        if not progressed:
+            raise PlanError(deadlock)
     return PipelineSimulation(max_in_flight=tuple(peak), makespan_s=max(done.values()))
 
 
@@ -166,34 +178,9 @@ def simulate_interleaved(P: int, M: int, v: int, *, forward_s: float = 1.0,
     (seconds, for one chunk: 1 / v of a rank's layers): F(p, j, m) after F(p - 1, j, m) (rank 0:
     after F(P - 1, j - 1, m)), B(p, j, m) after B(p + 1, j, m) (rank P - 1: after B(0, j + 1, m))
     and F(p, j, m). Returns per rank the most chunk-micro-batches in flight and the makespan."""
-    orders = interleaved_1f1b(P, M, v)
-    done: dict[tuple[str, int, int, int], float] = {}
-    pos, free, held, peak = [0] * P, [0.0] * P, [0] * P, [0] * P
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for p in range(P):
-            if pos[p] == len(orders[p]):
-                continue
-            kind, j, m = orders[p][pos[p]]
-            if kind == "F":
-                deps = [("F", p - 1, j, m)] if p > 0 else ([("F", P - 1, j - 1, m)] if j > 0 else [])
-            else:
-                deps = [("F", p, j, m)]
-                deps += [("B", p + 1, j, m)] if p < P - 1 else ([("B", 0, j + 1, m)] if j < v - 1 else [])
-            if any(d not in done for d in deps):
-                continue
-            end = max([free[p], *(done[d] for d in deps)]) + (forward_s if kind == "F" else backward_s)
-            done[(kind, p, j, m)] = free[p] = end
-            held[p] += 1 if kind == "F" else -1
-            peak[p] = max(peak[p], held[p])
-            pos[p] += 1
-            remaining -= 1
-            progressed = True
-        if not progressed:
-            raise PlanError(f"schedule: the interleaved order of pp={P}, micro_batches={M}, "
-                            f"virtual_stages={v} deadlocks")
-    return PipelineSimulation(max_in_flight=tuple(peak), makespan_s=max(done.values()))
+    return _run_events(interleaved_1f1b(P, M, v), v, forward_s, backward_s,
+                       deadlock=f"schedule: the interleaved order of pp={P}, micro_batches={M}, "
+                                f"virtual_stages={v} deadlocks")
 
 
 def bubble_fraction(P: int, M: int, v: int = 1) -> float:
