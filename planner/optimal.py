@@ -341,7 +341,7 @@ def plan_optimal(
             "grouped": f"grouped ({len(bounds or ())} groups)"}[name]
     msg = (
         f"{desc} persistent optimum: "
-        f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards"
+        f"{_recomputed(ops, L)} recomputed forwards"
     )
     if bounds is not None:
         msg += "; stages are grouped (cuts inside a group are not searched)"
@@ -390,7 +390,7 @@ def _plan_banded(profile: Profile, budget_bytes: int, *, max_gap: float, t0: flo
     gap = gap_of(sim.time_s, lower)
     options = {"mode": "banded", "band": width, "lower_bound_s": lower, "optimality_gap": gap}
     msg = (f"banded persistent optimum (segments of at most {width} stages below the suffixes): "
-           f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards; within "
+           f"{_recomputed(ops, L)} recomputed forwards; within "
            f"{gap:.3%} of the exact optimum (certified lower bound {lower:.6g} s); mode banded, "
            f"{_time.perf_counter() - t0:.2f} s")
     return finish_plan(profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
@@ -489,11 +489,17 @@ def _plan_offload(profile: Profile, budget_bytes, *, max_overhead, mode, checkpo
     options["optimality_gap"] = 0.0
     moved = sum(1 for op in ops if op[0] in ("offload", "offload_record"))
     msg = (f"exact persistent optimum with offload at {bandwidth:.4g} bytes/s: "
-           f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards, {moved} "
+           f"{_recomputed(ops, L)} recomputed forwards, {moved} "
            f"tensors moved to the host (host peak {sim.host_peak_bytes} bytes, transfer wait "
            f"{sim.transfer_wait_s:.4g} s); mode exact, {_time.perf_counter() - t0:.2f} s")
     return finish_plan(profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
                        message=msg, options=options)
+
+
+def _recomputed(ops, n_stages: int) -> int:
+    """The forwards a schedule runs beyond one per stage (F and R ops): its recomputed forwards,
+    the count every optimal plan's message states."""
+    return sum(1 for op in ops if op[0] in ("F", "R")) - n_stages
 
 
 def _infeasible(profile: Profile, budget_bytes, least: int, options: dict) -> Plan:
@@ -542,7 +548,7 @@ def _plan_with_storage(profile: Profile, budget_bytes, *, max_overhead, exact_ma
         plan = finish_plan(
             profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim, options=options,
             message=(f"persistent optimum with stored checkpoints: "
-                     f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards; "
+                     f"{_recomputed(ops, L)} recomputed forwards; "
                      + choice.message),
         )
         return plan.model_copy(update={"checkpoint_dtypes": dict(choice.storage)})
@@ -599,10 +605,7 @@ def plan_slotted(profile, budget_bytes: int, *, slots: int = 500, max_gap: float
     if r.ops is None:
         least = least_peak(c)
         if least > budget_bytes:  # the relaxation agrees (or was skipped): nothing fits
-            plan = infeasible_plan(profile, strategy="optimal", budget_bytes=budget_bytes,
-                                   least_bytes=least, options={"mode": "slotted", "slots": r.slots})
-            return plan.model_copy(update={"message": plan.message.replace(
-                " or try strategy 'optimal'", "")})
+            return _infeasible(profile, budget_bytes, least, {"mode": "slotted", "slots": r.slots})
         # rounding up lost a budget close to the least peak: the exact DP capped at the budget
         # keeps only points below it, so it is fast there
         ops = insert_drops(schedule_ops(solve(c, cap=budget_bytes), budget_bytes), L)
@@ -620,7 +623,7 @@ def plan_slotted(profile, budget_bytes: int, *, slots: int = 500, max_gap: float
     options = {"mode": "slotted", "slots": r.slots, "lower_bound_s": r.lower_s,
                "optimality_gap": gap}
     msg = (f"slotted persistent optimum ({r.slots} slots): "
-           f"{sum(1 for op in ops if op[0] in ('F', 'R')) - L} recomputed forwards; within "
+           f"{_recomputed(ops, L)} recomputed forwards; within "
            f"{gap:.3%} of the exact optimum (certified lower bound {r.lower_s:.6g} s)")
     return finish_plan(profile, ops, strategy="optimal", budget_bytes=budget_bytes, sim=sim,
                        options=options, message=msg)
