@@ -229,6 +229,37 @@ def largest_int(fits: Callable[[int], bool], cap: int) -> int:
     return lo
 
 
+def setup(device_memory_bytes: int, whole: dict[str, int], *, law: str | Law | None,
+          dtype: str | None, precision: str, zero_stage: int, strategy: str,
+          max_overhead: float | None, device: str | None, peak_flops: float | None,
+          utilization: float, profile_fn: ProfileFn | None,
+          progress: Callable[[int, int], None] | None):
+    """Validate what `memory_aware_size` and `memory_fit` both take, in this order: the device
+    memory (bytes), the `whole` numbers (each >= 1, named by its key), the overhead cap, the
+    precision policy, utilization, peak FLOP/s or device, law and strategy. Returns (device
+    memory in bytes, overhead cap or None, utilization, per-device peak FLOP/s or None, law,
+    notes to report, the `Trial` pricing activations in `dtype` (None: the policy's compute
+    dtype); its policy, dtype and strategy are the answer's). Raises `ScalingError` naming the
+    field."""
+    mem = int(check_positive("device_memory_bytes", device_memory_bytes))
+    for name, v in whole.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ScalingError(f"{name}: must be a whole number >= 1, got {v!r}")
+    cap = check_max_overhead(max_overhead)
+    from memplan.planner.precision import get_policy
+
+    policy = get_policy(precision)
+    util = check_fraction("utilization", utilization)
+    peak = _peak_flops(device, peak_flops)
+    lw = get_law(law)
+    notes: list[str] = []
+    strat = _strategy(strategy, notes)
+    trial = Trial(mem, n_devices=whole["n_devices"], policy=policy, zero_stage=zero_stage,
+                  dtype=dtype or policy.compute_dtype, strategy=strat, profile_fn=profile_fn,
+                  progress=progress)
+    return mem, cap, util, peak, lw, notes, trial
+
+
 def memory_aware_size(
     device_memory_bytes: int,
     *,
@@ -257,24 +288,14 @@ def memory_aware_size(
 
     Raises `ScalingError` on bad input, or when not even one layer fits.
     """
-    mem = int(check_positive("device_memory_bytes", device_memory_bytes))
-    for name, v in (("n_devices", n_devices), ("seq_len", seq_len), ("micro_batch", micro_batch),
-                    ("aspect_ratio", aspect_ratio), ("head_dim", head_dim),
-                    ("vocab_size", vocab_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ScalingError(f"{name}: must be a whole number >= 1, got {v!r}")
-    cap = check_max_overhead(max_overhead)
-    from memplan.planner.precision import get_policy
-
-    policy = get_policy(precision)
-    util = check_fraction("utilization", utilization)
-    peak_flops = _peak_flops(device, peak_flops)
-    lw = get_law(law)
-    dtype = dtype or policy.compute_dtype
-    notes: list[str] = []
-    strat = _strategy(strategy, notes)
-    trial = Trial(mem, n_devices=n_devices, policy=policy, zero_stage=zero_stage, dtype=dtype,
-                  strategy=strat, profile_fn=profile_fn, progress=progress)
+    mem, cap, util, peak_flops, lw, notes, trial = setup(
+        device_memory_bytes, dict(n_devices=n_devices, seq_len=seq_len, micro_batch=micro_batch,
+                                  aspect_ratio=aspect_ratio, head_dim=head_dim,
+                                  vocab_size=vocab_size),
+        law=law, dtype=dtype, precision=precision, zero_stage=zero_stage, strategy=strategy,
+        max_overhead=max_overhead, device=device, peak_flops=peak_flops, utilization=utilization,
+        profile_fn=profile_fn, progress=progress)
+    policy, dtype, strat = trial.policy, trial.dtype, trial.strategy
     shape_opts = dict(aspect_ratio=aspect_ratio, head_dim=head_dim, vocab_size=vocab_size,
                       seq_len=seq_len)
 

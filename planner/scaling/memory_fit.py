@@ -11,17 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from memplan.planner.scaling.errors import ScalingError, check_fraction, check_positive
-from memplan.planner.scaling.laws import FLOPS_PER_PARAM_TOKEN, Law, get_law
+from memplan.planner.scaling.errors import check_positive
+from memplan.planner.scaling.laws import FLOPS_PER_PARAM_TOKEN, Law
 from memplan.planner.scaling.memory_aware import (
     MAX_OVERHEAD,
     ProfileFn,
-    Trial,
-    _peak_flops,
-    _strategy,
     _training_time,
-    check_max_overhead,
     largest_int,
+    setup,
 )
 from memplan.planner.scaling.queries import Sizing, sizing
 from memplan.planner.scaling.shapes import gpt_shape, shape_for_layers
@@ -90,22 +87,12 @@ def memory_fit(
     sequence that fit, the law's D_opt for `params` and the training time (seconds).
     Raises `ScalingError` on bad input; a model that does not fit is an answer (fits False)."""
     N = check_positive("params", params)
-    mem = int(check_positive("device_memory_bytes", device_memory_bytes))
-    for name, v in (("n_devices", n_devices), ("seq_len", seq_len), ("micro_batch", micro_batch)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ScalingError(f"{name}: must be a whole number >= 1, got {v!r}")
-    cap = check_max_overhead(max_overhead)
-    from memplan.planner.precision import get_policy
-
-    policy = get_policy(precision)
-    util = check_fraction("utilization", utilization)
-    peak = _peak_flops(device, peak_flops)
-    lw = get_law(law)
-    notes: list[str] = []
-    strat = _strategy(strategy, notes)
-    trial = Trial(mem, n_devices=n_devices, policy=policy, zero_stage=zero_stage,
-                  dtype=policy.compute_dtype, strategy=strat, profile_fn=profile_fn,
-                  progress=progress)
+    mem, cap, util, peak, lw, notes, trial = setup(
+        device_memory_bytes, dict(n_devices=n_devices, seq_len=seq_len, micro_batch=micro_batch),
+        law=law, dtype=None, precision=precision, zero_stage=zero_stage, strategy=strategy,
+        max_overhead=max_overhead, device=device, peak_flops=peak_flops, utilization=utilization,
+        profile_fn=profile_fn, progress=progress)
+    policy, strat = trial.policy, trial.strategy
     shape = gpt_shape(N, seq_len=seq_len)
     ok, plan, fixed = trial(shape, micro_batch)
     fits = trial.fits(shape, micro_batch, cap)
