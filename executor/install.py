@@ -78,12 +78,16 @@ def hf_model_from_config(config: str | Path | dict) -> torch.nn.Module:
 def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 64,
                   budget: int | str | None = None, fraction: float | None = None,
                   strategy: str = "optimal", steps: int = 3, seed: int = 0,
-                  policies: bool = False, compile: bool = False) -> HFRun:
+                  policies: bool = False, compile: bool = False,
+                  offload_bandwidth: float | None = None, host_memory_bytes: int | None = None) -> HFRun:
     """Build the model, `auto_checkpoint` it on a random batch (for `budget` bytes, or `fraction` of
     its store-all activation peak), run `steps` AdamW steps of a plain loop on fresh batches, and
     measure one more step against the prediction (`measure_step`). `policies`: profile the blocks'
     save policies so the plan may record blocks under them; `compile`: compile each block
-    (`auto_checkpoint`'s options of the same names).
+    (`auto_checkpoint`'s options of the same names). `offload_bandwidth` (bytes/s) and
+    `host_memory_bytes`: the optimal plan may also move kept activations to host memory
+    (`auto_checkpoint`'s options; the model runs on the CPU here, where a plan that moves any is
+    refused with `InstallError`, and one that moves none runs).
 
     Returns an `HFRun` (bytes, seconds). Raises `InstallError` on bad input and
     `InfeasiblePlanError` when nothing fits the budget."""
@@ -110,7 +114,8 @@ def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 
     if fraction is not None:
         budget = int(fraction * store)
     plan = auto_checkpoint(model, example, budget=budget, strategy=strategy, profile=prof,
-                           compile=compile)
+                           compile=compile, offload_bandwidth=offload_bandwidth,
+                           host_memory_bytes=host_memory_bytes)
     try:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         losses = []

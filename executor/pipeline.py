@@ -30,6 +30,10 @@ class RunSpec:
     repeats: int = 3  # profiling repeats per stage
     autocast_dtype: str | None = None  # None, "bfloat16" or "float16"
     device: str = "cpu"  # "cpu" or "cuda[:i]": where the model is built, profiled and run
+    # host-device bandwidth, bytes/s each way: the optimal plan may also move kept activations to
+    # host memory (docs/chain-model.md section 10.9; CUDA only). None: no offload
+    offload_bandwidth: float | None = None
+    host_memory_bytes: int | None = None  # host memory offload may take, bytes; None: no limit
 
 
 def _build(spec: RunSpec):
@@ -54,11 +58,32 @@ def _build(spec: RunSpec):
     raise ExecutorError(f"--model: unknown {spec.model!r}; use gpt or conv")
 
 
+def _offload_options(spec: RunSpec) -> dict:
+    """The planner options of `spec`'s offload fields (those given): the planner checks them and
+    names the field (`options.offload_bandwidth`: a strategy other than optimal takes neither)."""
+    return {name: value for name, value in (("offload_bandwidth", spec.offload_bandwidth),
+                                            ("host_memory_bytes", spec.host_memory_bytes))
+            if value is not None}
+
+
+def _check_offload_device(plan, device: str) -> None:
+    """Refuse, before the run, a plan with transfer ops on a device that is not CUDA (the runner
+    would refuse it too: NOTE [ Offload in the executor ], 6); a plan that moves nothing runs
+    anywhere. Raises `ExecutorError` naming --offload-bandwidth."""
+    from memplan.executor.offload import CPU_REFUSAL, has_transfers
+
+    if has_transfers(plan.ops()) and not str(device).startswith("cuda"):
+        raise ExecutorError("--offload-bandwidth: " + CPU_REFUSAL.removeprefix("offload: "))
+
+
 def run_builtin(spec: RunSpec, *, progress: Callable[[str, int, int], None] | None = None
                 ) -> tuple[RunReport, object, object]:
     """Build the model, apply features, profile (re-profile after pruning), plan and run.
 
-    Returns (report, profile, plan). `progress(phase, done, total)` is called as work advances."""
+    Returns (report, profile, plan). `progress(phase, done, total)` is called as work advances.
+    Raises `ExecutorError` on bad input (a plan that offloads on a device other than CUDA among
+    them), `InfeasiblePlanError` when nothing meets the budget, and the planner's `PlanError`
+    naming its option (`options.offload_bandwidth` with a strategy other than optimal)."""
     import torch
     from memplan.executor.features import apply_features, check_features
     from memplan.executor.run import run_plan
@@ -92,9 +117,10 @@ def run_builtin(spec: RunSpec, *, progress: Callable[[str, int, int], None] | No
     notes, feat_extras = apply_features(stages, features)
     extras.update(feat_extras)
     prof = profile_chain(stages, x, progress=prof_progress, **prof_kw)
-    plan = planner.plan(prof, budget_bytes=spec.budget_bytes, strategy=spec.strategy)
+    plan = planner.plan(prof, budget_bytes=spec.budget_bytes, strategy=spec.strategy, **_offload_options(spec))
     if not plan.feasible:
         raise InfeasiblePlanError(f"--budget: {plan.message}")
+    _check_offload_device(plan, spec.device)
     report = run_plan(stages, x, plan, profile=prof, steps=spec.steps, autocast_dtype=dtype,
                       features=features,
                       on_step=(lambda d, t: progress("run", d, t)) if progress else None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -28,6 +30,12 @@ def run_cmd(
     steps: Annotated[int, typer.Option(help="training steps run and compared")] = 3,
     autocast: Annotated[str | None, typer.Option(help="bfloat16 or float16 autocast")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda[:i]")] = "cpu",
+    offload_bandwidth: Annotated[str | None, typer.Option(
+        help="optimal: host-device bandwidth each way (25GB/s, 25GiB/s, 25e9): the plan may also "
+        "move kept activations to host memory (CUDA only; on the CPU a plan that moves any is "
+        "refused)")] = None,
+    host_memory: Annotated[str | None, typer.Option(
+        help="with --offload-bandwidth: host memory offloaded activations may take (e.g. 64GiB)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the RunReport as JSON")] = False,
     plot: Annotated[Path | None, typer.Option(help="draw predicted against measured memory per op "
                     "as a PNG here (and keep the timeline JSON, and on CUDA the allocator snapshot)")] = None,
@@ -46,14 +54,16 @@ def run_cmd(
     """Profile, plan, run and compare a built-in model: predicted against measured.
 
     Exit codes: 0 the run matched its prediction, 1 a mismatch or a budget nothing meets
-    (infeasible), 2 bad input."""
+    (infeasible), 2 bad input (a plan that offloads on the CPU among it)."""
+    from memplan.cli.plan import _offload
     from memplan.executor.pipeline import RunSpec, run_builtin
     from memplan.executor.report import InfeasiblePlanError
     from memplan.planner.units import parse_bytes
 
+    offload = _offload(offload_bandwidth, host_memory)  # offload_bandwidth, host_memory_bytes
     if hf_config is not None:
         _run_hf(hf_config, batch=batch, seq=seq, budget=budget, strategy=strategy, steps=steps,
-                json_out=json_out, policies=policies, compile_blocks=compile_blocks)
+                json_out=json_out, policies=policies, compile_blocks=compile_blocks, offload=offload)
         return
     if policies or compile_blocks:
         raise ValueError(f"{'--policies' if policies else '--compile'}: only with --hf-config "
@@ -63,7 +73,7 @@ def run_cmd(
                    vocab_size=vocab, batch_size=batch, dropout=dropout,
                    budget_bytes=parse_bytes(budget, field="--budget") if budget else None,
                    strategy=strategy, features=[f for f in features.split(",") if f.strip()],
-                   steps=steps, autocast_dtype=autocast, device=device)
+                   steps=steps, autocast_dtype=autocast, device=device, **offload)
     if plot is not None:  # keep the profile and plan the run makes, to measure that plan per op
         if server:
             raise ValueError("--plot: measures a local run; leave out --server")
@@ -79,6 +89,7 @@ def run_cmd(
                 "config": {"n_layer": n_layer, "n_embd": d_model, "n_head": n_head,
                            "block_size": seq, "vocab_size": vocab, "batch_size": batch,
                            "dropout": dropout}}
+        body.update(offload)  # only when given: a server without the fields still takes the rest
         report = RunReport.model_validate(finished_result(remote(server).run(body)))
         if json_out:
             echo_json(report)
@@ -86,10 +97,11 @@ def run_cmd(
             print_report(report)
     else:
         try:
-            if json_out:
-                report, _, _ = run_builtin(spec)
-            else:
-                report = _run_with_progress(spec, run_builtin)
+            with _planner_options():
+                if json_out:
+                    report, _, _ = run_builtin(spec)
+                else:
+                    report = _run_with_progress(spec, run_builtin)
         except InfeasiblePlanError as err:  # infeasible is exit code 1, as for `memplan plan`
             typer.echo(f"infeasible: {err}", err=True)
             raise typer.Exit(1) from None
@@ -106,18 +118,34 @@ def run_cmd(
         raise typer.Exit(1)
 
 
+@contextlib.contextmanager
+def _planner_options() -> Iterator[None]:
+    """The planner's `PlanError` naming this command's option (`options.offload_bandwidth` ->
+    `--offload-bandwidth`, as `memplan plan` says it); a ValueError, so exit code 2."""
+    from memplan.cli.plan import _option_name
+    from memplan.planner.schema import PlanError
+
+    try:
+        yield
+    except PlanError as err:
+        raise ValueError(f"{_option_name(err.field)}: {err.reason}") from None
+
+
 def _run_hf(path: Path, *, batch: int, seq: int, budget: str | None, strategy: str, steps: int,
-            json_out: bool, policies: bool = False, compile_blocks: bool = False) -> None:
+            json_out: bool, policies: bool = False, compile_blocks: bool = False,
+            offload: dict | None = None) -> None:
     """`--hf-config`: executor/install.py's run_hf_config, printed; exit 1 when infeasible or
-    when the measured peak is more than 2% from the prediction."""
+    when the measured peak is more than 2% from the prediction. `offload`: run_hf_config's
+    offload_bandwidth (bytes/s) and host_memory_bytes, those given."""
     from memplan.executor.install import run_hf_config
     from memplan.executor.report import InfeasiblePlanError
     from memplan.planner.units import format_bytes, parse_bytes
 
     try:
-        run = run_hf_config(path, batch_size=batch, seq=seq, strategy=strategy, steps=steps,
-                            budget=parse_bytes(budget, field="--budget") if budget else None,
-                            policies=policies, compile=compile_blocks)
+        with _planner_options():
+            run = run_hf_config(path, batch_size=batch, seq=seq, strategy=strategy, steps=steps,
+                                budget=parse_bytes(budget, field="--budget") if budget else None,
+                                policies=policies, compile=compile_blocks, **(offload or {}))
     except InfeasiblePlanError as err:
         typer.echo(f"infeasible: {err}", err=True)
         raise typer.Exit(1) from None
