@@ -63,6 +63,18 @@ def _terms(lw: Law, N: np.ndarray, D: np.ndarray, U: float, rd: float, rn: float
     return loss, D_eff, N_eff
 
 
+def _inputs(unique_tokens: float, r_d_star: float, r_n_star: float, law: str | Law | None,
+            what: str) -> tuple[float, float, float, Law]:
+    """(U in tokens, R_D*, R_N*, the law: `muennighoff` by default), validated: ScalingError naming
+    the field, or saying the law cannot price `what` (it has no loss terms)."""
+    U = check_positive("unique_tokens", unique_tokens)
+    rd = check_positive("r_d_star", r_d_star)
+    rn = check_positive("r_n_star", r_n_star)
+    lw = get_law(law or DEFAULT_DC_LAW)
+    lw._need_loss(what)
+    return U, rd, rn, lw
+
+
 def data_constrained_loss(
     params: float,
     tokens: float,
@@ -76,11 +88,7 @@ def data_constrained_loss(
     `unique_tokens` unique ones, with the effective N' and D' behind it."""
     N = check_positive("params", params)
     D = check_positive("tokens", tokens)
-    U = check_positive("unique_tokens", unique_tokens)
-    rd = check_positive("r_d_star", r_d_star)
-    rn = check_positive("r_n_star", r_n_star)
-    lw = get_law(law or DEFAULT_DC_LAW)
-    lw._need_loss("a data-constrained loss")
+    U, rd, rn, lw = _inputs(unique_tokens, r_d_star, r_n_star, law, "a data-constrained loss")
     loss, D_eff, N_eff = _terms(lw, np.array(N), np.array(D), U, rd, rn)
     return DataConstrainedSizing(
         query="data-constrained-loss", law=lw.name, params=N, tokens=D, loss=float(loss),
@@ -100,11 +108,7 @@ def data_constrained_optimal(
     """The (N, D) with 6 N D = `flops` that minimise the data-constrained loss for
     `unique_tokens` unique tokens (a log-spaced scan over N, then a bounded refinement)."""
     C = check_positive("flops", flops)
-    U = check_positive("unique_tokens", unique_tokens)
-    rd = check_positive("r_d_star", r_d_star)
-    rn = check_positive("r_n_star", r_n_star)
-    lw = get_law(law or DEFAULT_DC_LAW)
-    lw._need_loss("a data-constrained size")
+    U, rd, rn, lw = _inputs(unique_tokens, r_d_star, r_n_star, law, "a data-constrained size")
     free = compute_optimal(C, law=lw)
     x = C / FLOPS_PER_PARAM_TOKEN
 
