@@ -41,6 +41,14 @@ def resolve_device(requested: str | None, ctx_device: str | None) -> str:
     return device
 
 
+_OFFLOAD = ("offload_bandwidth", "host_memory_bytes")  # RunRequest's, RunSpec's and run_hf_config's
+
+
+def _offload(request: dict[str, Any]) -> dict[str, Any]:
+    """The request's offload options (bytes/s, bytes), those given."""
+    return {key: request[key] for key in _OFFLOAD if request.get(key) is not None}
+
+
 def run_job(request: dict[str, Any], ctx: Any) -> Any:
     """A validation run: returns the executor's `RunReport` (with the profile and plan in extras),
     or for `model: "hf"` the `HFRun` of `run_hf_config` as a dict. Keeps the run's measured
@@ -50,14 +58,16 @@ def run_job(request: dict[str, Any], ctx: Any) -> Any:
     if request.get("model") == "hf":
         return _run_hf(request, ctx)
     known = {f.name for f in dataclasses.fields(RunSpec)}
+    top = {"model", "budget_bytes", "strategy", "features", "steps", *_OFFLOAD}  # the body's own fields
     fields: dict[str, Any] = {"model": request.get("model", "gpt")}
     for key, value in (request.get("config") or {}).items():
-        if key not in known or key in ("model", "budget_bytes", "strategy", "features", "steps"):
+        if key not in known or key in top:
             raise ValueError(f"config.{key}: not a model setting of a run; known: "
-                             f"{', '.join(sorted(known - {'model', 'budget_bytes', 'strategy', 'features', 'steps'}))}")
+                             f"{', '.join(sorted(known - top))}")
         fields[key] = value
     fields.update(budget_bytes=request.get("budget_bytes"), features=tuple(request.get("features") or ()),
-                  steps=request.get("steps", 3), autocast_dtype=request.get("autocast_dtype"))
+                  steps=request.get("steps", 3), autocast_dtype=request.get("autocast_dtype"),
+                  **_offload(request))
     if request.get("strategy"):
         fields["strategy"] = request["strategy"]
     device = resolve_device(request.get("device"), ctx.device)
@@ -133,7 +143,8 @@ def _run_hf(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
     ctx.progress(0.05, "building the model from its config")
     run = run_hf_config(dict(cfg["hf_config"]), batch_size=int(cfg.get("batch_size", 4)),
                         seq=int(cfg.get("seq", 64)), budget=request.get("budget_bytes"),
-                        strategy=request.get("strategy") or "optimal", steps=int(request.get("steps", 3)))
+                        strategy=request.get("strategy") or "optimal", steps=int(request.get("steps", 3)),
+                        **_offload(request))
     if hasattr(ctx, "artifact_absent"):
         why = ("a Hugging Face run installs its plan into the model (auto_checkpoint); the executor's "
                "op-by-op measurement needs the built-in models' stages; the result has the measured peak")

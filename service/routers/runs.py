@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from memplan.planner.request import MAX_BUDGET_BYTES, MAX_OFFLOAD_BANDWIDTH
+from memplan.planner.schema import PlanError
 from memplan.service.deps import (
     IdempotencyKey,
     JobId,
@@ -25,7 +27,7 @@ from memplan.service.problems import problem_responses
 from memplan.service.routers import _jobs
 from memplan.service.routers._jobs import JobList
 from memplan.service.routers.plans import OptionValue, StrategyName
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 __all__ = ["router", "RunRequest"]
 
@@ -64,6 +66,30 @@ class RunRequest(BaseModel):
         default=None, gt=0, le=30 * 86400,
         description="this job's time limit, seconds; at most the server's job_timeout_s (null: that)",
     )
+    offload_bandwidth: float | None = Field(
+        default=None, gt=0, le=MAX_OFFLOAD_BANDWIDTH,
+        description="strategy optimal: host-device bandwidth, bytes/s each way (25e9 for 25 GB/s); the plan "
+        "may also move kept activations to host memory (docs/chain-model.md section 10.9). Runs on CUDA: on "
+        "the CPU a plan that moves any fails the job with one line naming --offload-bandwidth, and one that "
+        "moves none runs. null: no offload",
+    )
+    host_memory_bytes: int | None = Field(
+        default=None, ge=0, le=MAX_BUDGET_BYTES,
+        description="with offload_bandwidth: host memory offloaded activations may take, bytes; null: no limit",
+    )
+
+    @model_validator(mode="after")
+    def _offload_consistent(self) -> RunRequest:
+        # what the planner would refuse only after the worker has profiled the model
+        # (NOTE [ offload options ] in planner/request.py, 1 and 2), refused at submission
+        if self.offload_bandwidth is not None and self.strategy not in (None, "optimal"):
+            raise PlanError(f"only strategy optimal plans offload, got {self.strategy!r}; use "
+                            "optimal (or null), or leave offload_bandwidth out", field="offload_bandwidth")
+        if self.host_memory_bytes is not None and self.offload_bandwidth is None:
+            raise PlanError("bounds the host memory of offloaded activations, and nothing is offloaded "
+                            "without offload_bandwidth; give offload_bandwidth (bytes/s) too, or leave "
+                            "host_memory_bytes out", field="host_memory_bytes")
+        return self
 
 
 _JOB_RESPONSES = {
