@@ -20,6 +20,8 @@ Server = Annotated[
     str,
     typer.Option("--server", envvar="MEMPLAN_SERVER", help="the server's URL (API key from $MEMPLAN_API_KEY)"),
 ]
+RunId = Annotated[str, typer.Argument(help="the run's id")]
+JsonOut = Annotated[bool, typer.Option("--json")]
 
 
 def _env(**values: object) -> None:
@@ -99,7 +101,7 @@ def runs_list(
     server: Server = _SERVER_DEFAULT,
     state: Annotated[str | None, typer.Option(help="queued, running, succeeded, failed, cancelled")] = None,
     limit: Annotated[int, typer.Option(help="how many, newest first")] = 20,
-    json_out: Annotated[bool, typer.Option("--json")] = False,
+    json_out: JsonOut = False,
 ) -> None:
     """The server's runs, newest first."""
     with remote(server) as c:
@@ -113,11 +115,7 @@ def runs_list(
 
 @runs_app.command("show")
 @user_errors
-def runs_show(
-    run_id: Annotated[str, typer.Argument(help="the run's id")],
-    server: Server = _SERVER_DEFAULT,
-    json_out: Annotated[bool, typer.Option("--json")] = False,
-) -> None:
+def runs_show(run_id: RunId, server: Server = _SERVER_DEFAULT, json_out: JsonOut = False) -> None:
     """One run: state, progress, result or error."""
     with remote(server) as c:
         job = c.job("runs", run_id)
@@ -126,11 +124,7 @@ def runs_show(
 
 @runs_app.command("cancel")
 @user_errors
-def runs_cancel(
-    run_id: Annotated[str, typer.Argument(help="the run's id")],
-    server: Server = _SERVER_DEFAULT,
-    json_out: Annotated[bool, typer.Option("--json")] = False,
-) -> None:
+def runs_cancel(run_id: RunId, server: Server = _SERVER_DEFAULT, json_out: JsonOut = False) -> None:
     """Cancel a run (a running one is stopped and its device memory freed)."""
     with remote(server) as c:
         job = c.cancel("runs", run_id)
@@ -140,7 +134,7 @@ def runs_cancel(
 @runs_app.command("watch")
 @user_errors
 def runs_watch(
-    run_id: Annotated[str, typer.Argument(help="the run's id")],
+    run_id: RunId,
     server: Server = _SERVER_DEFAULT,
     json_out: Annotated[bool, typer.Option("--json", help="print each event as a JSON line")] = False,
 ) -> None:
