@@ -35,6 +35,17 @@ def _blocks(n_blocks: int, seed: int, *, kinds: int = 1) -> object:
                  [s[4] for s in stages], [s[5] for s in stages], name=f"blocks{n_blocks}")
 
 
+def _random_chain(seed: int, L: int, *, transients: bool = True) -> object:
+    """A chain of `L` stages with seeded random integer sizes and times, and forward and backward
+    transients unless `transients` is False (then 0)."""
+    r = random.Random(seed)
+    x, f, b, s = ([r.randint(1, 6) for _ in range(L + 1)], [r.randint(1, 6) for _ in range(L)],
+                  [r.randint(1, 6) for _ in range(L)], [r.randint(0, 6) for _ in range(L)])
+    if not transients:
+        return chain(x, f, b, s)
+    return chain(x, f, b, s, [r.randint(0, 3) for _ in range(L)], [r.randint(0, 3) for _ in range(L)])
+
+
 def _exact_point(c, cap):
     peaks, times = solve_compiled(c, cap=cap, windowed=True).top()
     return (peaks[-1], times[-1]) if peaks else None
@@ -145,11 +156,7 @@ def test_folded_lower_run_is_a_lower_bound_below_the_unfolded_one(prof, width):
 def test_folded_lower_run_on_a_long_chain():
     # 60 stages, band 4: most suffix splits are long; the folded bound stays under the exact
     # frontier at every point and is the unfolded one at the store-all end
-    r = random.Random(21)
-    L = 60
-    prof = chain([r.randint(1, 6) for _ in range(L + 1)], [r.randint(1, 6) for _ in range(L)],
-                 [r.randint(1, 6) for _ in range(L)], [r.randint(0, 6) for _ in range(L)],
-                 [r.randint(0, 3) for _ in range(L)], [r.randint(0, 3) for _ in range(L)])
+    prof = _random_chain(21, 60)
     c = costs_of(prof)
     exact = solve_compiled(c).top()
     folded = solve_long(c, cap=None, width=4, optimistic=True, windowed=False, fold=True).top()
@@ -163,11 +170,8 @@ def test_folded_lower_run_on_a_long_chain():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_banded_plans_on_medium_chains(seed):
-    r = random.Random(seed)
     L = 60
-    prof = chain([r.randint(1, 6) for _ in range(L + 1)], [r.randint(1, 6) for _ in range(L)],
-                 [r.randint(1, 6) for _ in range(L)], [r.randint(0, 6) for _ in range(L)],
-                 [r.randint(0, 3) for _ in range(L)], [r.randint(0, 3) for _ in range(L)])
+    prof = _random_chain(seed, L)
     c = costs_of(prof)
     store_all = solve_compiled(c).top()[0][-1]
     for frac in (0.1, 0.2, 0.4):
@@ -198,10 +202,7 @@ def test_auto_picks_memo_or_banded_above_exact_max_stages(monkeypatch):
     assert plan.options["mode"] == "memo" and plan.options["optimality_gap"] == 0
     assert plan.predicted.time_s == _exact_point(c, cap)[1]
     _replays(blocks, plan)
-    r = random.Random(9)
-    L = 40
-    rnd = chain([r.randint(1, 6) for _ in range(L + 1)], [r.randint(1, 6) for _ in range(L)],
-                [r.randint(1, 6) for _ in range(L)], [r.randint(0, 6) for _ in range(L)])
+    rnd = _random_chain(9, 40, transients=False)
     c = costs_of(rnd)
     cap = _budgets(c)[1]
     plan = plan_optimal(rnd, cap)
@@ -246,11 +247,7 @@ def test_banded_infeasible_and_bad_options():
 def test_frontier_points_carry_certified_gaps(seed):
     from memplan.planner.frontier import frontier
 
-    r = random.Random(seed)
-    L = 24
-    prof = chain([r.randint(1, 6) for _ in range(L + 1)], [r.randint(1, 6) for _ in range(L)],
-                 [r.randint(1, 6) for _ in range(L)], [r.randint(0, 6) for _ in range(L)],
-                 [r.randint(0, 3) for _ in range(L)], [r.randint(0, 3) for _ in range(L)])
+    prof = _random_chain(seed, 24)
     exact = frontier(prof)
     assert all(p.optimality_gap == 0 and p.lower_bound_s == p.time_s for p in exact.points)
     peaks = [p.peak_bytes for p in exact.points]
