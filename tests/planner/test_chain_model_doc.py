@@ -139,6 +139,18 @@ def _pairs(points) -> list[tuple[int, float]]:
     return [(p, t) for p, t, _ in points]
 
 
+def _check_frontier_table(prof, name: str) -> list[tuple[int, float]]:
+    """Check the doc's frontier table `name` against the exhaustive frontier (persistent or not)
+    of `prof` and against plan() at each of its peaks; returns its (peak bytes, time s) rows."""
+    points = _frontier_table(name)
+    assert _pairs(exhaustive_frontier(prof)) == points
+    assert _pairs(exhaustive_frontier(prof, persistent=True)) == points
+    for peak, time_s in points:
+        p = plan(prof, budget_bytes=peak)
+        assert (p.predicted.peak_bytes, p.predicted.time_s) == (peak, time_s)
+    return points
+
+
 # section 7
 
 
@@ -174,12 +186,7 @@ def test_budget_20_table_is_the_optimal_plan():
 
 def test_every_budget_table_is_the_exhaustive_frontier():
     prof = worked_example()
-    points = _frontier_table("worked-frontier")
-    assert _pairs(exhaustive_frontier(prof)) == points
-    assert _pairs(exhaustive_frontier(prof, persistent=True)) == points
-    for peak, time_s in points:
-        p = plan(prof, budget_bytes=peak)
-        assert (p.predicted.peak_bytes, p.predicted.time_s) == (peak, time_s)
+    points = _check_frontier_table(prof, "worked-frontier")
     least = points[-1][0]
     p = plan(prof, budget_bytes=least - 1)
     assert not p.feasible and f"the least budget it fits is {least} bytes" in p.message
@@ -229,12 +236,7 @@ def test_nograd_replay_rows_of_the_budget_20_schedule():
 
 def test_nograd_frontier_and_the_new_20_byte_plan():
     prof = _nograd_chain()
-    points = _frontier_table("nograd-frontier")
-    assert _pairs(exhaustive_frontier(prof)) == points
-    assert _pairs(exhaustive_frontier(prof, persistent=True)) == points
-    for peak, time_s in points:
-        p = plan(prof, budget_bytes=peak)
-        assert (p.predicted.peak_bytes, p.predicted.time_s) == (peak, time_s)
+    _check_frontier_table(prof, "nograd-frontier")
     p = plan(prof, budget_bytes=20)
     assert (p.predicted.peak_bytes, p.predicted.time_s) == (20, 46)
     # section 10.2: the reference DP's "F 1, F 2, drop 1, F 3, R 4, loss, ...", a_2 the
