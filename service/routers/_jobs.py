@@ -1,6 +1,7 @@
 """What the job resources (runs, profiles) share: submit with idempotency and a queue limit, read,
 list, cancel, wait (`Prefer: wait=N`), stream events (server-sent events) and serve the files a job
-kept (its artifacts)."""
+kept (its artifacts); and the parameters their submit and list endpoints take, as one dependency
+each (`SubmissionDep`, `JobPageDep`)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from fastapi import Request
+from fastapi import Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from memplan.service.deps import IdempotencyKey, PreferWait, SettingsDep, StoreDep
 from memplan.service.jobs.admission import AdmissionError, admit
 from memplan.service.jobs.artifacts import check_name
 from memplan.service.jobs.store import (
@@ -29,7 +32,7 @@ from memplan.service.settings import Settings
 from pydantic import BaseModel, Field
 
 __all__ = ["JobList", "submit", "check_admission", "get_or_404", "list_jobs", "cancel", "stream_events",
-           "artifact_response", "MAX_WAIT_S"]
+           "artifact_response", "MAX_WAIT_S", "Submission", "SubmissionDep", "JobPage", "JobPageDep"]
 
 MAX_WAIT_S = 60.0
 _WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
@@ -129,6 +132,58 @@ async def submit(
     if wait_s > 0:
         job = await _await_terminal(store, job, wait_s, settings.sse_poll_s)
     return _job_response(job, location=f"{base_path}/{job.id}", created=created, waited=wait_s > 0)
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What a job submission takes besides its body: the store, the settings and the request's
+    `Idempotency-Key` and `Prefer` headers."""
+
+    store: JobStore
+    settings: Settings
+    idempotency_key: str | None
+    prefer: str | None
+
+    async def submit(self, kind: str, body: BaseModel, *, base_path: str) -> JSONResponse:
+        """`submit` of a job of `kind` whose resource is at `base_path` (e.g. /v1/runs)."""
+        return await submit(kind=kind, body=body, base_path=base_path, store=self.store,
+                            settings=self.settings, idempotency_key=self.idempotency_key,
+                            prefer=self.prefer)
+
+
+def _submission(store: StoreDep, settings: SettingsDep, idempotency_key: IdempotencyKey = None,
+                prefer: PreferWait = None) -> Submission:
+    return Submission(store, settings, idempotency_key, prefer)
+
+
+SubmissionDep = Annotated[Submission, Depends(_submission)]
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """A list request's filter and page: jobs in `state` (None: any), at most `limit`, created
+    before `before` (a created_at cursor, seconds since the epoch; None: the newest)."""
+
+    store: JobStore
+    state: JobState | None
+    limit: int
+    before: float | None
+
+    def jobs(self, kind: str) -> JobList:
+        """`list_jobs` of `kind` for this page."""
+        return list_jobs(self.store, kind=kind, state=self.state, limit=self.limit, before=self.before)
+
+
+def _job_page(
+    store: StoreDep,
+    state: Annotated[JobState | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    before: Annotated[float | None, Query(ge=0, allow_inf_nan=False, description="created_at cursor")] = None,
+) -> JobPage:
+    return JobPage(store, state, limit, before)
+
+
+JobPageDep = Annotated[JobPage, Depends(_job_page)]
 
 
 def get_or_404(store: JobStore, job_id: str, *, kind: str) -> Job:

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from memplan.service.deps import (
-    IdempotencyKey,
     JobId,
-    PreferWait,
-    SettingsDep,
     StoreDep,
     body_openapi,
     json_body,
     require_api_key,
 )
-from memplan.service.jobs.store import Job, JobState
+from memplan.service.jobs.store import Job
 from memplan.service.problems import problem_responses
 from memplan.service.routers import _jobs
 from memplan.service.routers._jobs import JobList
@@ -67,26 +64,14 @@ class ProfileRequest(BaseModel):
     openapi_extra=body_openapi(ProfileRequest),
 )
 async def create_profile(
-    body: Annotated[ProfileRequest, Depends(json_body(ProfileRequest))],
-    store: StoreDep,
-    settings: SettingsDep,
-    idempotency_key: IdempotencyKey = None,
-    prefer: PreferWait = None,
+    body: Annotated[ProfileRequest, Depends(json_body(ProfileRequest))], submission: _jobs.SubmissionDep
 ) -> JSONResponse:
-    return await _jobs.submit(
-        kind="profile", body=body, base_path="/v1/profiles", store=store, settings=settings,
-        idempotency_key=idempotency_key, prefer=prefer,
-    )
+    return await submission.submit("profile", body, base_path="/v1/profiles")
 
 
 @router.get("", response_model=JobList, summary="List profile jobs", responses=problem_responses(401, 422))
-def list_profiles(
-    store: StoreDep,
-    state: Annotated[JobState | None, Query()] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    before: Annotated[float | None, Query(ge=0, allow_inf_nan=False)] = None,
-) -> JobList:
-    return _jobs.list_jobs(store, kind="profile", state=state, limit=limit, before=before)
+def list_profiles(page: _jobs.JobPageDep) -> JobList:
+    return page.jobs("profile")
 
 
 @router.get("/{profile_id}", response_model=Job, summary="A profile job", responses=problem_responses(401, 404, 422))

@@ -13,16 +13,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from memplan.planner.request import MAX_BUDGET_BYTES, MAX_OFFLOAD_BANDWIDTH
 from memplan.planner.schema import PlanError
 from memplan.service.deps import (
-    IdempotencyKey,
     JobId,
-    PreferWait,
     SettingsDep,
     StoreDep,
     body_openapi,
     json_body,
     require_api_key,
 )
-from memplan.service.jobs.store import Job, JobState
+from memplan.service.jobs.store import Job
 from memplan.service.problems import problem_responses
 from memplan.service.routers import _jobs
 from memplan.service.routers._jobs import JobList
@@ -110,26 +108,14 @@ _JOB_RESPONSES = {
     openapi_extra=body_openapi(RunRequest),
 )
 async def create_run(
-    body: Annotated[RunRequest, Depends(json_body(RunRequest))],
-    store: StoreDep,
-    settings: SettingsDep,
-    idempotency_key: IdempotencyKey = None,
-    prefer: PreferWait = None,
+    body: Annotated[RunRequest, Depends(json_body(RunRequest))], submission: _jobs.SubmissionDep
 ) -> JSONResponse:
-    return await _jobs.submit(
-        kind="run", body=body, base_path="/v1/runs", store=store, settings=settings,
-        idempotency_key=idempotency_key, prefer=prefer,
-    )
+    return await submission.submit("run", body, base_path="/v1/runs")
 
 
 @runs_router.get("", response_model=JobList, summary="List runs, newest first", responses=problem_responses(401, 422))
-def list_runs(
-    store: StoreDep,
-    state: Annotated[JobState | None, Query()] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    before: Annotated[float | None, Query(ge=0, allow_inf_nan=False, description="created_at cursor")] = None,
-) -> JobList:
-    return _jobs.list_jobs(store, kind="run", state=state, limit=limit, before=before)
+def list_runs(page: _jobs.JobPageDep) -> JobList:
+    return page.jobs("run")
 
 
 @runs_router.get(
