@@ -5,6 +5,7 @@ kills a runner its dead predecessor left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -112,41 +113,41 @@ def test_every_write_carries_the_lease(tmp_path):
     assert sum(1 for e in events if e.type == "state" and e.data["state"] in ("succeeded", "failed")) == 1
 
 
-def test_a_runner_whose_lease_ended_stops_writing_and_exits(tmp_path):
+@contextlib.contextmanager
+def _unwatched_runner(tmp_path: Path, worker: str):
+    """A long run job claimed by `worker` and a runner of it started by this process (no worker
+    watches it), once the runner has reported progress. Yields (store, job, claim, runner
+    process); kills the runner on leaving."""
     store = JobStore(tmp_path / "jobs.sqlite")
     job, _ = store.submit("run", _request(tmp_path, steps=400, sleep_s=0.05))
-    claimed = store.claim("w-gone")
+    claimed = store.claim(worker)
     with open(tmp_path / "runner.log", "ab") as log:
         proc = _runner(tmp_path / "jobs.sqlite", job.id, claimed.lease, log)
     try:
         wait_for(lambda: store.get(job.id).progress > 0, timeout_s=60, what="the runner's first progress")
-        store.recover("w-next", max_attempts=5)  # a new worker took over without killing it
-        proc.wait(timeout=15)  # its watchdog ends it
-        requeued = max(e.seq for e in store.events(job.id) if e.type == "state" and e.data.get("requeued"))
-        assert not [e for e in store.events(job.id, after=requeued) if e.type == "progress"]
-        assert store.get(job.id).state is JobState.queued
+        yield store, job, claimed, proc
     finally:
         proc.kill()
         proc.wait()
 
 
+def test_a_runner_whose_lease_ended_stops_writing_and_exits(tmp_path):
+    with _unwatched_runner(tmp_path, "w-gone") as (store, job, _, proc):
+        store.recover("w-next", max_attempts=5)  # a new worker took over without killing it
+        proc.wait(timeout=15)  # its watchdog ends it
+        requeued = max(e.seq for e in store.events(job.id) if e.type == "state" and e.data.get("requeued"))
+        assert not [e for e in store.events(job.id, after=requeued) if e.type == "progress"]
+        assert store.get(job.id).state is JobState.queued
+
+
 def test_a_cancel_reaches_a_runner_no_worker_watches(tmp_path):
-    store = JobStore(tmp_path / "jobs.sqlite")
-    job, _ = store.submit("run", _request(tmp_path, steps=400, sleep_s=0.05))
-    claimed = store.claim("w-hung")
-    with open(tmp_path / "runner.log", "ab") as log:
-        proc = _runner(tmp_path / "jobs.sqlite", job.id, claimed.lease, log)
-    try:
-        wait_for(lambda: store.get(job.id).progress > 0, timeout_s=60, what="the runner's first progress")
+    with _unwatched_runner(tmp_path, "w-hung") as (store, job, _, proc):
         store.request_cancel(job.id)  # what POST /v1/runs/{id}/cancel does
         assert proc.wait(timeout=15) is not None
         done = store.get(job.id)
         assert done.state is JobState.cancelled, done
         assert [e.data["state"] for e in store.events(job.id) if e.type == "state"] == [
             "queued", "running", "cancelled"]
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_a_new_worker_kills_the_runner_its_predecessor_left(tmp_path):
@@ -154,13 +155,7 @@ def test_a_new_worker_kills_the_runner_its_predecessor_left(tmp_path):
     from memplan.service.settings import Settings
 
     db = tmp_path / "jobs.sqlite"
-    store = JobStore(db)
-    job, _ = store.submit("run", _request(tmp_path, steps=400, sleep_s=0.05))
-    claimed = store.claim("w-dead")
-    with open(tmp_path / "runner.log", "ab") as log:
-        proc = _runner(db, job.id, claimed.lease, log)
-    try:
-        wait_for(lambda: store.get(job.id).progress > 0, timeout_s=60, what="the runner's first progress")
+    with _unwatched_runner(tmp_path, "w-dead") as (store, job, claimed, proc):
         row = store.runners()[0]
         assert row["pid"] == proc.pid and row["start_ticks"] == start_ticks(proc.pid)
         # a process whose pid was reused is not touched: same pid, another start time
@@ -170,9 +165,6 @@ def test_a_new_worker_kills_the_runner_its_predecessor_left(tmp_path):
         store.set_runner(job.id, proc.pid, lease=claimed.lease, start_ticks=row["start_ticks"])
         assert Worker(Settings(store_path=db))._stop_orphans() == [proc.pid]
         assert proc.wait(timeout=10) == -signal.SIGKILL
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.mark.slow
