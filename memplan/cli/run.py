@@ -61,6 +61,9 @@ def run_cmd(
     from memplan.planner.units import parse_bytes
 
     offload = _offload(offload_bandwidth, host_memory)  # offload_bandwidth, host_memory_bytes
+    if offload.get("offload_bandwidth") == 0:  # as POST /v1/runs refuses it (the planner: no offload)
+        raise ValueError(f"--offload-bandwidth: must be above 0 bytes/s, got {offload_bandwidth!r}; "
+                         "leave it out for no offload")
     if hf_config is not None:
         _run_hf(hf_config, batch=batch, seq=seq, budget=budget, strategy=strategy, steps=steps,
                 json_out=json_out, policies=policies, compile_blocks=compile_blocks, offload=offload)

@@ -82,6 +82,8 @@ def test_cli_bad_bandwidth_is_one_line_naming_the_option(specs):
     line = _one_error_line(runner.invoke(app, ["run", *TINY, "--offload-bandwidth", "1GB/s",
                                                "--host-memory", "lots"]))
     assert line.startswith("--host-memory: ")
+    line = _one_error_line(runner.invoke(app, ["run", *TINY, "--offload-bandwidth", "0GB/s"]))
+    assert line == "--offload-bandwidth: must be above 0 bytes/s, got '0GB/s'; leave it out for no offload"
     assert specs == []  # refused before anything was built
 
 
