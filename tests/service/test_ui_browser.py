@@ -208,6 +208,18 @@ def open_page(b: Browser, url: str) -> None:
     b.wait("document.readyState === 'complete' && document.body.dataset.ready === '1'", "the page to start")
 
 
+def pick_file(b: Browser, path: Path, selector: str = "#upload") -> None:
+    """Pick `path` in the page's file input `selector`, as a user choosing a file."""
+    node = b.send("DOM.querySelector", nodeId=b.send("DOM.getDocument")["root"]["nodeId"], selector=selector)
+    b.send("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
+
+
+def api_frontier(url: str, profile: dict, timeout_s: float = 60) -> dict:
+    """What POST /v1/plans/frontier answers for `profile` at 60 points."""
+    return httpx.post(url + "/v1/plans/frontier", json={"profile": profile, "options": {"points": 60}},
+                      timeout=timeout_s).json()
+
+
 def shown(b: Browser) -> dict:
     """What the page shows for its current plan, read from the DOM."""
     return b.js("""(() => {
@@ -267,12 +279,10 @@ def test_upload_move_budget_and_see_the_api_numbers(serve, browser, tmp_path, ar
     profile = make_profile(12)
     path = tmp_path / "chain12.json"
     path.write_text(json.dumps(profile))
-    frontier = httpx.post(serve.url + "/v1/plans/frontier", json={"profile": profile, "options": {"points": 60}},
-                          timeout=60).json()
+    frontier = api_frontier(serve.url, profile)
 
     # upload through the file input, as a user picking a file
-    node = b.send("DOM.querySelector", nodeId=b.send("DOM.getDocument")["root"]["nodeId"], selector="#upload")
-    b.send("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
+    pick_file(b, path)
     b.wait("Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
     assert "chain12" in b.js("document.querySelector('#profile-info').textContent")
     first = check_against_api(b, serve.url, profile, frontier)
@@ -339,10 +349,8 @@ def test_save_policies_are_named_per_stage(serve, browser, tmp_path):
                            "forward_s": la["forward_s"], "backward_s": la["backward_s"] * 1.1}]
     path = tmp_path / "policies8.json"
     path.write_text(json.dumps(profile))
-    frontier = httpx.post(serve.url + "/v1/plans/frontier", json={"profile": profile, "options": {"points": 60}},
-                          timeout=60).json()
-    node = b.send("DOM.querySelector", nodeId=b.send("DOM.getDocument")["root"]["nodeId"], selector="#upload")
-    b.send("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
+    frontier = api_frontier(serve.url, profile)
+    pick_file(b, path)
     b.wait("document.querySelector('#profile-info').textContent.includes('policies8') && "
            "Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
     b.js("document.querySelector('#budget-range').focus()")
@@ -362,8 +370,7 @@ def test_offload_bandwidth_plans_and_shows_what_moves(serve, browser, tmp_path, 
     profile = make_profile(8)
     path = tmp_path / "offload8.json"
     path.write_text(json.dumps(profile))
-    node = b.send("DOM.querySelector", nodeId=b.send("DOM.getDocument")["root"]["nodeId"], selector="#upload")
-    b.send("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
+    pick_file(b, path)
     b.wait("document.querySelector('#profile-info').textContent.includes('chain8') && "
            "Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
     assert b.js("document.querySelector('#sum-host').textContent") == "-"
@@ -433,8 +440,7 @@ def test_example_frontier_sizing_and_no_outside_requests(serve, browser, artifac
          " s.dispatchEvent(new Event('change')); })()")
     b.wait("Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the example's plan", timeout_s=120)
     gpt24 = httpx.get(serve.url + "/v1/examples/gpt24").json()
-    frontier = httpx.post(serve.url + "/v1/plans/frontier", json={"profile": gpt24, "options": {"points": 60}},
-                          timeout=120).json()
+    frontier = api_frontier(serve.url, gpt24, timeout_s=120)
     check_against_api(b, serve.url, gpt24, frontier)
 
     # the sizing form answers what GET /v1/sizing answers
@@ -500,12 +506,7 @@ def test_a_runs_measured_timeline_over_the_predicted_one(serve, browser, tmp_pat
     b = browser
     open_page(b, serve.url)
 
-    def upload(p):
-        node = b.send("DOM.querySelector", nodeId=b.send("DOM.getDocument")["root"]["nodeId"],
-                      selector="#run-timeline")
-        b.send("DOM.setFileInputFiles", files=[str(p)], nodeId=node["nodeId"])
-
-    upload(path)
+    pick_file(b, path, "#run-timeline")
     b.wait("document.querySelector('#timeline-measured') !== null", "the measured line")
     measured = b.js("[...document.querySelectorAll('#timeline-table tbody tr')].map(r => Number(r.cells[4].dataset.bytes))")
     predicted = b.js("[...document.querySelectorAll('#timeline-table tbody tr')].map(r => Number(r.cells[2].dataset.bytes))")
@@ -515,7 +516,7 @@ def test_a_runs_measured_timeline_over_the_predicted_one(serve, browser, tmp_pat
     b.screenshot(artifacts / "6-run-timeline.png")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "something else"}))
-    upload(bad)
+    pick_file(b, bad, "#run-timeline")
     b.wait("document.querySelector('#timeline-source').textContent.startsWith('run timeline: not a memplan-timeline/1')",
            "the refusal")
     assert b.errors() == []
