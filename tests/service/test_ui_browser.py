@@ -214,6 +214,12 @@ def pick_file(b: Browser, path: Path, selector: str = "#upload") -> None:
     b.send("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
 
 
+def upload_profile(b: Browser, profile: dict, path: Path) -> None:
+    """Write `profile` to `path` as JSON and pick it in the page's profile upload."""
+    path.write_text(json.dumps(profile))
+    pick_file(b, path)
+
+
 def api_frontier(url: str, profile: dict, timeout_s: float = 60) -> dict:
     """What POST /v1/plans/frontier answers for `profile` at 60 points."""
     return httpx.post(url + "/v1/plans/frontier", json={"profile": profile, "options": {"points": 60}},
@@ -277,12 +283,10 @@ def test_upload_move_budget_and_see_the_api_numbers(serve, browser, tmp_path, ar
     b = browser
     open_page(b, serve.url)
     profile = make_profile(12)
-    path = tmp_path / "chain12.json"
-    path.write_text(json.dumps(profile))
     frontier = api_frontier(serve.url, profile)
 
     # upload through the file input, as a user picking a file
-    pick_file(b, path)
+    upload_profile(b, profile, tmp_path / "chain12.json")
     b.wait("Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
     assert "chain12" in b.js("document.querySelector('#profile-info').textContent")
     first = check_against_api(b, serve.url, profile, frontier)
@@ -347,10 +351,8 @@ def test_save_policies_are_named_per_stage(serve, browser, tmp_path):
         la["policies"] = [{"name": "matmuls", "recompute": ["aten.gelu"],
                            "saved_bytes": la["saved_bytes"] // 3, "backward_temp_bytes": 0,
                            "forward_s": la["forward_s"], "backward_s": la["backward_s"] * 1.1}]
-    path = tmp_path / "policies8.json"
-    path.write_text(json.dumps(profile))
     frontier = api_frontier(serve.url, profile)
-    pick_file(b, path)
+    upload_profile(b, profile, tmp_path / "policies8.json")
     b.wait("document.querySelector('#profile-info').textContent.includes('policies8') && "
            "Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
     b.js("document.querySelector('#budget-range').focus()")
@@ -368,9 +370,7 @@ def test_offload_bandwidth_plans_and_shows_what_moves(serve, browser, tmp_path, 
     b = browser
     open_page(b, serve.url)
     profile = make_profile(8)
-    path = tmp_path / "offload8.json"
-    path.write_text(json.dumps(profile))
-    pick_file(b, path)
+    upload_profile(b, profile, tmp_path / "offload8.json")
     b.wait("document.querySelector('#profile-info').textContent.includes('chain8') && "
            "Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
     assert b.js("document.querySelector('#sum-host').textContent") == "-"
