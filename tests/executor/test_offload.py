@@ -168,23 +168,23 @@ def test_cpu_refuses_transfer_ops_before_anything_runs():
     ScheduleRunner(stages, _store_all(5), device=torch.device("cpu"))  # no transfers: runs
 
 
-def test_reading_a_record_left_on_the_host_fails_naming_it():
+def _refused_without(ops, op, match: str) -> None:
+    """Running `ops` less `op` (a fetch) with a CPU host raises ExecutorError matching `match`."""
     stages, x = _mlp4()
-    ops = [op for op in WORKED if op != ("fetch_record", 2)]
-    with pytest.raises(ExecutorError, match=r"schedule\[12\] \['B', 2\]: the record of stage 2 is on "
-                       r"the host; fetch it \(fetch_record 2\) with the op before"):
-        _run(stages, x, ops, _host_device="cpu")
+    with pytest.raises(ExecutorError, match=match):
+        _run(stages, x, [o for o in ops if o != op], _host_device="cpu")
+
+
+def test_reading_a_record_left_on_the_host_fails_naming_it():
+    _refused_without(WORKED, ("fetch_record", 2), r"schedule\[12\] \['B', 2\]: the record of stage 2 "
+                     r"is on the host; fetch it \(fetch_record 2\) with the op before")
 
 
 def test_reading_an_activation_left_on_the_host_fails_naming_it():
-    stages, x = _mlp4()
-    ops = [op for op in CHECKPOINTED if op != ("fetch", 1)]
-    with pytest.raises(ExecutorError, match=r"\['R', 2\]: a_1 is on the host; fetch it \(fetch 1\) "
-                       r"with the op before"):
-        _run(stages, x, ops, _host_device="cpu")
-    ops = [op for op in WORKED if op != ("fetch", 1)]  # a_1 pinned by record 2, read by B 2
-    with pytest.raises(ExecutorError, match=r"\['B', 2\]: a_1 is on the host; fetch it \(fetch 1\)"):
-        _run(stages, x, ops, _host_device="cpu")
+    _refused_without(CHECKPOINTED, ("fetch", 1), r"\['R', 2\]: a_1 is on the host; fetch it "
+                     r"\(fetch 1\) with the op before")
+    # a_1 pinned by record 2, read by B 2
+    _refused_without(WORKED, ("fetch", 1), r"\['B', 2\]: a_1 is on the host; fetch it \(fetch 1\)")
 
 
 def test_a_schedule_ending_with_a_transfer_is_refused():
