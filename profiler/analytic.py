@@ -196,15 +196,16 @@ def gpt_block_saved_bytes(cfg: Any, *, device: str = "cpu", precision: str | Non
 #   matmuls       the four Linear outputs e (3ND + NC + NF + NC) and the attention kernel's output
 #                 and logsumexp e ND + 4 BHT (the kernel is kept with the matmuls, as torchtitan
 #                 does), + R (+ 24 on a GPU: the kernel's philox state, as in the base record)
-#   no_attention  everything but the kernel: the LayerNorms' outputs and statistics
-#                 2 (e NC + 2 s N), the Linear outputs e (3ND + NC + NF + NC), the first residual
-#                 sum e NC and GELU's output e NF, + R
+#   no_attention  everything but the kernel and the residual sums: the LayerNorms' outputs and
+#                 statistics 2 (e NC + 2 s N), the Linear outputs e (3ND + NC + NF + NC) and
+#                 GELU's output e NF, + R (the block's output is the second sum, so the sums'
+#                 packet is recomputed in every candidate: NOTE [ candidate save policies ] rule 5)
 # Korthikanti et al. 2022 (Table 2) count s b h (34 + 5 a s / h) bytes per layer without
 # recompute, 34 s b h with selective recompute of the attention core and 2 s b h with full
 # recompute: selective recompute removes the T^2 term. Flash attention keeps no T^2 tensor in the
-# first place, so here `no_attention` frees nothing ('all' keeps 15 e NC + 4 s N + 4 BHT for
-# D = C, F = 4C, less than no_attention's 17 e NC + 4 s N + R): the profiler drops it as it saves
-# nothing. `none` is Table 2's full recompute, less the input the chain already counts.
+# first place, so here `no_attention` frees almost nothing: for D = C, F = 4C 'all' keeps
+# 15 e NC + 4 s N + 4 BHT and no_attention 15 e NC + 4 s N + R, which on the CPU is more wherever
+# BHT < 1,264 (the tests' tiny GPTs: the profiler drops it as it saves nothing). `none` is Table 2's full recompute, less the input the chain already counts.
 # Checked equal to the profiler's measurement of each policy on the CPU (fp32,
 # tests/profiler/test_policies.py); the math path, experts and autocast are not derived.
 CPU_RNG_STATE_BYTES = 5056
@@ -230,7 +231,7 @@ def gpt_block_policy_bytes(cfg: Any, *, device: str = "cpu") -> dict[str, int]:
     return {
         "none": rng,
         "matmuls": linears + e * N * D + 4 * B * H * T + rng + (24 if kind == "cuda" else 0),
-        "no_attention": 2 * (e * N * C + 2 * s * N) + linears + e * N * C + e * N * F + rng,
+        "no_attention": 2 * (e * N * C + 2 * s * N) + linears + e * N * F + rng,
     }
 
 

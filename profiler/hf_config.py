@@ -406,12 +406,14 @@ def _layer_saved(s: DecoderShape, i: int, B: int, T: int, p: int, c: int, attent
 #   none          R
 #   matmuls       q, k, v, o, gate, up, down projections c (ND + 2 N Dkv + NC + 2 NF + NC) and the
 #                 kernel's output and logsumexp c ND + 4 BHT, + R
-#   no_attention  everything but the kernel: per RMSNorm pow's output, the normalised x and the
-#                 weight's product 3 c NC and the mean, mean + eps and rsqrt 12 N (two norms);
-#                 the projections as above without the kernel; rotary on q and k (x cos, the
-#                 negated half, the concatenation, x sin, the sum: 4.5 c ND and 4.5 c N Dkv);
-#                 the attention residual c NC; silu's output and the product 2 c NF, + R
-#   = c (9 NC + 5.5 ND + 6.5 N Dkv + 4 NF) + 24 N + R
+#   no_attention  everything but the kernel and the adds (the layer's output is the second
+#                 residual sum, so the adds' packet is recomputed in every candidate: NOTE
+#                 [ candidate save policies ] rule 5 in profiler/policies.py): per RMSNorm pow's
+#                 output, the normalised x and the weight's product 3 c NC and the mean and rsqrt
+#                 8 N (two norms); the projections as above without the kernel; rotary on q and k
+#                 (x cos, the negated half, the concatenation, x sin: 3.5 c ND and 3.5 c N Dkv);
+#                 silu's output and the product 2 c NF, + R
+#   = c (8 NC + 4.5 ND + 5.5 N Dkv + 4 NF) + 16 N + R
 # Korthikanti et al. 2022 (Table 2): selective recompute drops the T^2 term, which the flash kernel
 # never keeps, so `no_attention` frees nothing against 'all' here. Checked equal to the
 # profiler's measurement on a tiny Llama (tests/profiler/test_policies.py).
@@ -437,7 +439,7 @@ def llama_layer_policy_bytes(shape: DecoderShape, *, seq_len: int, batch_size: i
     return {
         "none": rng,
         "matmuls": projections + c * N * D + 4 * B * H * T + rng,
-        "no_attention": c * (18 * N * C + 11 * N * D + 13 * N * Dkv + 8 * N * F) // 2 + 24 * N + rng,
+        "no_attention": c * (16 * N * C + 9 * N * D + 11 * N * Dkv + 8 * N * F) // 2 + 16 * N + rng,
     }
 
 

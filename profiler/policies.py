@@ -101,7 +101,12 @@ def recorded(fn: Callable[..., Any], *args: Any, recompute: Sequence[str] = ()) 
 #    caching cannot be handed back), and random ops where the stage has more than one random
 #    packet (all of them recomputed, so that the replay, from checkpoint's saved RNG state, draws
 #    the same numbers in the same order; a single random packet, such as a fused attention kernel
-#    that may draw its dropout, is all cached or all replayed, which keeps the order either way).
+#    that may draw its dropout, is all cached or all replayed, which keeps the order either way),
+#    and the producers of the stage's output: a cached output is the storage of a_i, so the
+#    record would pin it and `drop i` would free nothing until `B i` (measured: one activation
+#    above the replay through every `B i` of a GPT-2 block whose residual add was cached, where
+#    the backward's recompute stopped before reaching it). Recomputing it costs nothing: the
+#    backward needs no tensor after the output, so the rerun stops before it.
 # 6. A selective checkpoint caches the output of every op it does not recompute, whether or not
 #    the backward needs it; so a candidate can keep more than 'all'. Candidates are measured
 #    (memplan.profiler.measure) and filtered by `select_policies`.
@@ -194,6 +199,11 @@ def trace_ops(fn: Callable[..., Any], *args: Any) -> list[OpRecord]:
 
     with torch.enable_grad(), _Trace(sync) as tr:
         out = fn(*args)
+    for t in tree_flatten(out)[0]:  # rule 5: the output's producers
+        if isinstance(t, torch.Tensor):
+            k = tr.producer.get(_storage_key(t))
+            if k is not None:
+                tr.ops[k].forced = True
     del out
     return tr.ops
 
