@@ -18,6 +18,7 @@ from memplan.profiler.policies import (
     candidate_policies,
     recorded,
     select_policies,
+    trace_ops,
 )
 from memplan.profiler.schema import ProfileError, SavePolicy
 from memplan.profiler.tensors import unique_params
@@ -251,6 +252,44 @@ def test_candidates_from_a_trace():
     with pytest.raises(ValueError, match="not a built-in policy"):
         candidate_policies(ops, ["fast"])
     assert set(BUILTIN_POLICIES) == {"matmuls", "no_attention", "none", "knap1", "knap2", "knap3"}
+
+
+def test_the_outputs_producer_is_recomputed_in_every_candidate():
+    # NOTE [ candidate save policies ] rule 5: a cached output is a_i's storage (the record would
+    # pin it past `drop i`), so the packet that makes it is forced; the same packet elsewhere in
+    # the stage (the first residual add) goes with it
+    block = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+
+    def stage(x):
+        h = x + block(x)
+        return h + torch.tanh(h)
+
+    x = torch.randn(4, 8, requires_grad=True)
+    ops = trace_ops(stage, x)
+    assert ops[-1].name == "aten.add" and ops[-1].forced
+    for name, recompute in candidate_policies(ops):
+        assert recompute == [RECOMPUTE_ALL] or "aten.add" in recompute, name
+
+
+def test_a_knapsack_that_would_cache_the_output_runs_at_its_prediction(monkeypatch):
+    # which packets a knapsack picks follows the traced op times; these times (a fixed draw) made
+    # knap1 cache GPT-2's residual adds, and every `B i` ran one activation above the replay
+    import dataclasses
+    import random
+
+    real = measure.trace_ops
+
+    def timed(run):
+        draw = random.Random(3)
+        return [dataclasses.replace(op, seconds=draw.uniform(1e-6, 1e-3)) for op in real(run)]
+
+    monkeypatch.setattr(measure, "trace_ops", timed)
+    stages, x, slack = CHAINS["gpt2-eager-dropout"]()
+    prof = measure.profile_chain(stages, x, repeats=1, warmup=0, timing="stage", policies=True)
+    monkeypatch.setattr(measure, "trace_ops", real)
+    knap = [p for la in prof.layers for p in la.policies if p.name.startswith("knap")]
+    assert knap and all("aten.add" in p.recompute for p in knap)
+    test_each_policy_measured_is_the_step_run_under_it(("gpt2-eager-dropout", stages, x, slack, prof))
 
 
 def test_select_policies_keeps_what_frees_bytes_and_is_not_beaten():
