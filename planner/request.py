@@ -34,6 +34,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 __all__ = [
+    "check_offload_options",
     "MAX_BUDGET_BYTES",
     "MAX_STAGES",
     "MAX_OFFLOAD_BANDWIDTH",
@@ -330,11 +331,8 @@ class PlanRequest(BaseModel):
         opts = self.options
         if not isinstance(opts, OptimalOptions):
             return
-        if opts.host_memory_bytes is not None and opts.offload_bandwidth is None:
-            raise PlanError("bounds the host memory of offloaded activations, and nothing is "
-                            "offloaded without offload_bandwidth; give options.offload_bandwidth "
-                            "(bytes/s) too, or leave host_memory_bytes out",
-                            field="options.host_memory_bytes")
+        check_offload_options(strategy="optimal", offload_bandwidth=opts.offload_bandwidth,
+                              host_memory_bytes=opts.host_memory_bytes, prefix="options.")
         if not opts.offload_bandwidth:
             return
         if self.checkpoint_dtype.strip().lower() != "compute":
@@ -365,12 +363,29 @@ class FrontierRequest(BaseModel):
     @model_validator(mode="after")
     def _host_needs_bandwidth(self) -> FrontierRequest:
         opts = self.options  # NOTE [ offload options ], 2
-        if opts.host_memory_bytes is not None and opts.offload_bandwidth is None:
-            raise PlanError("bounds the host memory of offloaded activations, and nothing is "
-                            "offloaded without offload_bandwidth; give options.offload_bandwidth "
-                            "(bytes/s) too, or leave host_memory_bytes out",
-                            field="options.host_memory_bytes")
+        check_offload_options(strategy="optimal", offload_bandwidth=opts.offload_bandwidth,
+                              host_memory_bytes=opts.host_memory_bytes, prefix="options.")
         return self
+
+
+def check_offload_options(*, strategy: str | None, offload_bandwidth: float | None,
+                          host_memory_bytes: int | None, prefix: str = "",
+                          names: dict[str, str] | None = None) -> None:
+    """NOTE [ offload options ] rules 1 and 2, for requests that hold no profile yet (a run, which
+    profiles first, checks them before it starts): raises PlanError naming the field, `prefix`
+    before it (`options.`), or its name in `names` (a command's own option, `--host-memory`).
+    `strategy` None is the default (optimal). Returns None."""
+    def name(field: str) -> str:
+        return (names or {}).get(field, prefix + field)
+
+    if offload_bandwidth and strategy not in (None, "optimal"):
+        raise PlanError(f"only strategy optimal plans offload, got {strategy!r}; use optimal, or "
+                        f"leave {name('offload_bandwidth')} out", field=name("offload_bandwidth"))
+    if host_memory_bytes is not None and offload_bandwidth is None:
+        raise PlanError(f"bounds the host memory of offloaded activations, and nothing is "
+                        f"offloaded without {name('offload_bandwidth')}; give "
+                        f"{name('offload_bandwidth')} (bytes/s) too, or leave "
+                        f"{name('host_memory_bytes')} out", field=name("host_memory_bytes"))
 
 
 def _field(loc: tuple[Any, ...]) -> str:

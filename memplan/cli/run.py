@@ -58,12 +58,18 @@ def run_cmd(
     from memplan.cli.plan import _offload
     from memplan.executor.pipeline import RunSpec, run_builtin
     from memplan.executor.report import InfeasiblePlanError
+    from memplan.planner.request import check_offload_options
     from memplan.planner.units import parse_bytes
 
     offload = _offload(offload_bandwidth, host_memory)  # offload_bandwidth, host_memory_bytes
     if offload.get("offload_bandwidth") == 0:  # as POST /v1/runs refuses it (the planner: no offload)
         raise ValueError(f"--offload-bandwidth: must be above 0 bytes/s, got {offload_bandwidth!r}; "
                          "leave it out for no offload")
+    # before profiling: what the planner would refuse only after it (NOTE [ offload options ])
+    check_offload_options(strategy=strategy, offload_bandwidth=offload.get("offload_bandwidth"),
+                          host_memory_bytes=offload.get("host_memory_bytes"),
+                          names={"offload_bandwidth": "--offload-bandwidth",
+                                 "host_memory_bytes": "--host-memory"})
     if hf_config is not None:
         _run_hf(hf_config, batch=batch, seq=seq, budget=budget, strategy=strategy, steps=steps,
                 json_out=json_out, policies=policies, compile_blocks=compile_blocks, offload=offload)

@@ -10,8 +10,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from memplan.planner.request import MAX_BUDGET_BYTES, MAX_OFFLOAD_BANDWIDTH
-from memplan.planner.schema import PlanError
+from memplan.planner.request import MAX_BUDGET_BYTES, MAX_OFFLOAD_BANDWIDTH, check_offload_options
 from memplan.service.deps import (
     JobId,
     SettingsDep,
@@ -80,13 +79,8 @@ class RunRequest(BaseModel):
     def _offload_consistent(self) -> RunRequest:
         # what the planner would refuse only after the worker has profiled the model
         # (NOTE [ offload options ] in planner/request.py, 1 and 2), refused at submission
-        if self.offload_bandwidth is not None and self.strategy not in (None, "optimal"):
-            raise PlanError(f"only strategy optimal plans offload, got {self.strategy!r}; use "
-                            "optimal (or null), or leave offload_bandwidth out", field="offload_bandwidth")
-        if self.host_memory_bytes is not None and self.offload_bandwidth is None:
-            raise PlanError("bounds the host memory of offloaded activations, and nothing is offloaded "
-                            "without offload_bandwidth; give offload_bandwidth (bytes/s) too, or leave "
-                            "host_memory_bytes out", field="host_memory_bytes")
+        check_offload_options(strategy=self.strategy, offload_bandwidth=self.offload_bandwidth,
+                              host_memory_bytes=self.host_memory_bytes)
         return self
 
 
