@@ -716,15 +716,23 @@ async function cancelJob(job) {
   } catch (err) { $("#jobs-error").textContent = `cancel: ${err.message}`; }
 }
 
+// a run plans with the page's strategy and, when optimal, its offload bandwidth (POST /v1/runs
+// offload_bandwidth; the server's CPU refuses a plan that moves activations, in one line)
+function withOffload(body) {
+  const bw = offloadBandwidth(); // throws, and says why beside the field, when it cannot read it
+  if (bw !== null && body.strategy === "optimal") body.offload_bandwidth = bw;
+  return body;
+}
+
 async function onRun(ev) {
   ev.preventDefault();
   $("#jobs-error").textContent = "";
   try {
     const budget = $("#run-budget").value.trim();
     const width = Number($("#run-width").value);
-    const body = { model: "gpt", strategy: $("#strategy").value, steps: Number($("#run-steps").value),
+    const body = withOffload({ model: "gpt", strategy: $("#strategy").value, steps: Number($("#run-steps").value),
                    budget_bytes: budget ? parseBytes(budget) : null,
-                   config: { n_layer: Number($("#run-layers").value), n_embd: width, n_head: Math.max(1, Math.round(width / 32)) } };
+                   config: { n_layer: Number($("#run-layers").value), n_embd: width, n_head: Math.max(1, Math.round(width / 32)) } });
     const job = await api("/v1/runs", { method: "POST", body });
     await refreshJobs();
     watch(job.id);
@@ -741,10 +749,10 @@ async function onHfRun(ev) {
       throw new Error(`config.json is not JSON (${err.message})`);
     }
     const budget = $("#run-budget").value.trim();
-    const body = { model: "hf", strategy: $("#strategy").value, steps: Number($("#run-steps").value),
+    const body = withOffload({ model: "hf", strategy: $("#strategy").value, steps: Number($("#run-steps").value),
                    budget_bytes: budget ? parseBytes(budget) : null,
                    config: { hf_config: cfg, seq: Number($("#hf-run-seq").value),
-                             batch_size: Number($("#hf-run-batch").value) } };
+                             batch_size: Number($("#hf-run-batch").value) } });
     const job = await api("/v1/runs", { method: "POST", body });
     await refreshJobs();
     watch(job.id);

@@ -494,6 +494,31 @@ def test_jobs_live_progress_and_cancel(serve, browser, artifacts):
     assert b.errors() == []
 
 
+def test_a_run_from_the_page_takes_its_offload_bandwidth(serve, browser):
+    """The run form sends the page's offload bandwidth with an optimal strategy (POST /v1/runs
+    offload_bandwidth): at 1 B/s nothing moves, so the run succeeds on this CPU server."""
+    b = browser
+    open_page(b, serve.url)
+    before = [j["id"] for j in httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"]]
+    b.js("document.querySelector('#strategy').value = 'optimal';"
+         "document.querySelector('#offload-text').value = '1B/s';"
+         "document.querySelector('#run-steps').value = '2'; document.querySelector('#run-form').requestSubmit()")
+    run_id = b.wait(f"(() => {{ const old = new Set({json.dumps(before)});"
+                    " const li = [...document.querySelectorAll('#jobs li[id^=job-]')].find(l => !old.has(l.id.slice(4)));"
+                    " return li && li.id.slice(4); })()", "the run in the list")
+    job = httpx.get(f"{serve.url}/v1/runs/{run_id}").json()
+    assert (job["request"]["strategy"], job["request"]["offload_bandwidth"]) == ("optimal", 1.0)
+    b.wait(f"document.getElementById('job-{run_id}').dataset.state === 'succeeded'", "the run to succeed")
+    # a bandwidth the page cannot read is said beside the field, and nothing is sent
+    n_runs = len(httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"])
+    b.js("document.querySelector('#offload-text').value = 'fast';"
+         "document.querySelector('#run-form').requestSubmit()")
+    b.wait("document.querySelector('#offload-error').textContent.startsWith('offload bandwidth: cannot read')",
+           "the bandwidth's error")
+    assert len(httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"]) == n_runs
+    assert b.errors() == []
+
+
 def test_a_runs_measured_timeline_over_the_predicted_one(serve, browser, tmp_path, artifacts):
     from memplan.executor.timeline import measure_timeline, save_timeline
 
