@@ -494,28 +494,38 @@ def test_jobs_live_progress_and_cancel(serve, browser, artifacts):
     assert b.errors() == []
 
 
+def run_ids(serve) -> list[str]:
+    """The ids of the server's runs (the newest 500)."""
+    return [j["id"] for j in httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"]]
+
+
+def new_run(b, before: list[str]) -> str:
+    """The id of the first run the page's job list shows that is not in `before`, once it does."""
+    return b.wait(f"(() => {{ const old = new Set({json.dumps(before)});"
+                  " const li = [...document.querySelectorAll('#jobs li[id^=job-]')].find(l => !old.has(l.id.slice(4)));"
+                  " return li && li.id.slice(4); })()", "the run in the list")
+
+
 def test_a_run_from_the_page_takes_its_offload_bandwidth(serve, browser):
     """The run form sends the page's offload bandwidth with an optimal strategy (POST /v1/runs
     offload_bandwidth): at 1 B/s nothing moves, so the run succeeds on this CPU server."""
     b = browser
     open_page(b, serve.url)
-    before = [j["id"] for j in httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"]]
+    before = run_ids(serve)
     b.js("document.querySelector('#strategy').value = 'optimal';"
          "document.querySelector('#offload-text').value = '1B/s';"
          "document.querySelector('#run-steps').value = '2'; document.querySelector('#run-form').requestSubmit()")
-    run_id = b.wait(f"(() => {{ const old = new Set({json.dumps(before)});"
-                    " const li = [...document.querySelectorAll('#jobs li[id^=job-]')].find(l => !old.has(l.id.slice(4)));"
-                    " return li && li.id.slice(4); })()", "the run in the list")
+    run_id = new_run(b, before)
     job = httpx.get(f"{serve.url}/v1/runs/{run_id}").json()
     assert (job["request"]["strategy"], job["request"]["offload_bandwidth"]) == ("optimal", 1.0)
     b.wait(f"document.getElementById('job-{run_id}').dataset.state === 'succeeded'", "the run to succeed")
     # a bandwidth the page cannot read is said beside the field, and nothing is sent
-    n_runs = len(httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"])
+    n_runs = len(run_ids(serve))
     b.js("document.querySelector('#offload-text').value = 'fast';"
          "document.querySelector('#run-form').requestSubmit()")
     b.wait("document.querySelector('#offload-error').textContent.startsWith('offload bandwidth: cannot read')",
            "the bandwidth's error")
-    assert len(httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"]) == n_runs
+    assert len(run_ids(serve)) == n_runs
     assert b.errors() == []
 
 
@@ -604,7 +614,7 @@ def test_a_hugging_face_run_from_the_page(serve, browser):
     JSON is one clear message and nothing is sent."""
     b = browser
     open_page(b, serve.url)
-    before = [j["id"] for j in httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"]]
+    before = run_ids(serve)
     cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 64,
            "num_hidden_layers": 2, "num_attention_heads": 4}
     b.js("document.querySelector('#hf-run').open = true;"
@@ -613,19 +623,17 @@ def test_a_hugging_face_run_from_the_page(serve, browser):
          "document.querySelector('#run-budget').value = '300KB'; document.querySelector('#run-steps').value = '2';"
          "document.querySelector('#strategy').value = 'heuristic';"
          "document.querySelector('#hf-run-form').requestSubmit()")
-    run_id = b.wait(f"(() => {{ const old = new Set({json.dumps(before)});"
-                    " const li = [...document.querySelectorAll('#jobs li[id^=job-]')].find(l => !old.has(l.id.slice(4)));"
-                    " return li && li.id.slice(4); })()", "the run in the list")
+    run_id = new_run(b, before)
     job = httpx.get(f"{serve.url}/v1/runs/{run_id}").json()
     assert job["request"]["model"] == "hf" and job["request"]["config"] == {"hf_config": cfg, "seq": 16, "batch_size": 2}
     assert (job["request"]["budget_bytes"], job["request"]["strategy"], job["request"]["steps"]) == (300_000, "heuristic", 2)
     b.wait(f"document.getElementById('job-{run_id}').dataset.state === 'succeeded'", "the run to succeed")
-    n_runs = len(httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"])
+    n_runs = len(run_ids(serve))
     b.js("document.querySelector('#hf-run-config').value = '{not json';"
          "document.querySelector('#hf-run-form').requestSubmit()")
     b.wait("document.querySelector('#jobs-error').textContent.startsWith('Hugging Face run: config.json is not JSON')",
            "the refusal")
-    assert len(httpx.get(f"{serve.url}/v1/runs", params={"limit": 500}).json()["items"]) == n_runs
+    assert len(run_ids(serve)) == n_runs
     assert b.errors() == []
 
 
