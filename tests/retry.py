@@ -5,7 +5,12 @@ Exact per-op byte comparisons pass alone every time but, late in the full suite,
 some runs by 4 bytes to a few KiB, for a cause not yet pinned down (CPU allocation accounting
 counts every thread's allocations; the gap moves between runs of the same code). A real error in
 the model or the runner repeats on every run; this does not. So such a test is run up to three times
-and fails only when every run fails (the last run's assertion is raised)."""
+and fails only when every run fails (the last run's assertion is raised).
+What is known (2026-12-05): one cause of a full activation under save policies was found and
+removed (NOTE [ candidate save policies ] rule 5 in profiler/policies.py); a 4-byte scalar held
+from the first backward op to the end of the step, in one step and not in another of the same
+process, remains (seen on the tiny GPT after other steps had run, and between a service run's
+peak step and its per-op timeline step)."""
 
 from __future__ import annotations
 
