@@ -55,7 +55,7 @@ def run_cmd(
 
     Exit codes: 0 the run matched its prediction, 1 a mismatch or a budget nothing meets
     (infeasible), 2 bad input (a plan that offloads on the CPU among it)."""
-    from memplan.cli.plan import _offload
+    from memplan.cli.plan import _OPTION, _offload
     from memplan.executor.pipeline import RunSpec, run_builtin
     from memplan.executor.report import InfeasiblePlanError
     from memplan.planner.request import check_offload_options
@@ -67,9 +67,7 @@ def run_cmd(
                          "leave it out for no offload")
     # before profiling: what the planner would refuse only after it (NOTE [ offload options ])
     check_offload_options(strategy=strategy, offload_bandwidth=offload.get("offload_bandwidth"),
-                          host_memory_bytes=offload.get("host_memory_bytes"),
-                          names={"offload_bandwidth": "--offload-bandwidth",
-                                 "host_memory_bytes": "--host-memory"})
+                          host_memory_bytes=offload.get("host_memory_bytes"), names=_OPTION)
     if hf_config is not None:
         _run_hf(hf_config, batch=batch, seq=seq, budget=budget, strategy=strategy, steps=steps,
                 json_out=json_out, policies=policies, compile_blocks=compile_blocks, offload=offload)
