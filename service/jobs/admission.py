@@ -256,6 +256,19 @@ def _check_hf_run(request: dict[str, Any], cfg: BaseModel, settings: Settings) -
                              kind="too-large")
 
 
+def _check_host_memory(request: dict[str, Any], settings: Settings) -> None:
+    """A run's `host_memory_bytes` (the host memory its plan may fill with offloaded activations)
+    within the job memory limit: the worker stops a job whose memory passes that limit, so a plan
+    allowed more host memory than it could be stopped mid-step."""
+    host = request.get("host_memory_bytes")
+    limit = job_memory_limit(settings)
+    if host is None or limit is None or not request.get("offload_bandwidth") or host <= limit:
+        return
+    raise AdmissionError("body.host_memory_bytes", f"the plan may keep up to {_gib(host)} of activations "
+                         f"in host memory, over the job memory limit of {_gib(limit)} (MEMPLAN_JOB_MAX_BYTES), "
+                         f"where the worker stops the job; give at most {limit:,} bytes", kind="too-large")
+
+
 def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: str,
           worker_device: dict[str, Any] | None = None, model_prefix: str = "body") -> JobEstimate | None:
     """Check a job's request before it is queued: `timeout_s` within `job_timeout_s`; for a
@@ -283,6 +296,7 @@ def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: s
     if kind == "profile" and depth > MEASURED_MAX_LAYERS:
         raise AdmissionError(f"{model_prefix}.config.n_layer", f"a measured profile has at most "
                              f"{MEASURED_MAX_LAYERS:,} blocks, got {depth:,}; ask for analytic: true")
+    _check_host_memory(request, settings)
     est = estimate(kind, model, cfg, request, settings, worker_device=worker_device)
     if est.memory_limit_bytes is not None and est.memory_bytes > est.memory_limit_bytes and model == "hf":
         model_alone = est.memory_bytes - est.activation_bytes

@@ -50,6 +50,16 @@ def test_bad_offload_options_are_refused_at_submission_naming_the_field(client, 
     assert r.headers["content-type"].startswith("application/problem+json")
 
 
+def test_a_host_bound_over_the_job_memory_limit_is_refused(tmp_path):
+    settings = Settings(data_dir=tmp_path, start_worker=False, job_max_bytes=2**40)
+    body = {"config": TINY, "steps": 1, "device": "cpu", "offload_bandwidth": 25e9}
+    with TestClient(create_app(settings)) as c:
+        r = c.post("/v1/runs", json={**body, "host_memory_bytes": 2**40 + 1})
+        assert _fields(r) == ["body.host_memory_bytes"]
+        assert "1,099,511,627,776" in r.json()["errors"][0]["message"]  # names the limit
+        assert c.post("/v1/runs", json={**body, "host_memory_bytes": 2**40}).status_code == 202
+
+
 @pytest.mark.parametrize("raw", [b"Infinity", b"NaN"])
 def test_a_bandwidth_that_is_not_finite_is_refused(client, raw):
     r = client.post("/v1/runs", content=b'{"steps": 1, "offload_bandwidth": ' + raw + b"}",
