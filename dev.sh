@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # memplan's one entry point for people and CI. Sets up .venv (once), then:
 #   ./dev.sh demo   profile, plan, run and compare a built-in model on the CPU (the main job)
-#   ./dev.sh test   the test suite
+#   ./dev.sh test   the test suite, one test file per worker process on every core (at most 4;
+#                   MEMPLAN_TEST_WORKERS=N sets the count, 1 runs it in this process alone)
 #   ./dev.sh bench [NAME [ARGS]]  the benchmarks, or benchmarks/bench_NAME.py alone (docs/benchmarks.md)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -46,6 +47,18 @@ case "$cmd" in
     test)
         setup
         browser
+        workers=${MEMPLAN_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}
+        case "$workers" in
+            '' | *[!0-9]*)
+                echo "memplan: MEMPLAN_TEST_WORKERS must be a whole number of processes, got '$workers'" >&2
+                exit 2
+                ;;
+        esac
+        [ -z "${MEMPLAN_TEST_WORKERS:-}" ] && [ "$workers" -gt 4 ] && workers=4
+        if [ "$workers" -gt 1 ]; then
+            # a file's tests stay together in one worker (--dist loadfile): module fixtures run once
+            exec "$VENV/bin/python" -m pytest -q -n "$workers" --dist loadfile "$@"
+        fi
         exec "$VENV/bin/python" -m pytest -q "$@"
         ;;
     bench)
