@@ -31,7 +31,7 @@ NOTE [ the frontier's modes ]
 4. Above BASELINES_ALL_MAX stages the baselines are uniform at UNIFORM_KS values of k (every k up
    to 16, then spread geometrically to L) and the heuristic at HEURISTIC_PEAKS of their peaks:
    every k and every peak cost minutes at 1,000 stages (a uniform replay 22 ms, a heuristic plan
-   0.16 s there).
+   0.16 s there). The heuristic's plans share their tries (`heuristic_plans`).
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def _thin(peaks: list[int], n: int, keep: set[int]) -> list[int]:
 
 
 def _baselines(profile: Profile) -> list[tuple[str, str, int, float]]:
-    from memplan.planner.heuristic import plan_heuristic
+    from memplan.planner.heuristic import heuristic_plans
     from memplan.planner.sqrt import plan_sqrt
     from memplan.planner.uniform import uniform_segments
 
@@ -175,8 +175,7 @@ def _baselines(profile: Profile) -> list[tuple[str, str, int, float]]:
     if L > BASELINES_ALL_MAX and len(heur) > HEURISTIC_PEAKS:  # NOTE [ the frontier's modes ], 4
         heur = [heur[round(j * (len(heur) - 1) / (HEURISTIC_PEAKS - 1))]
                 for j in range(HEURISTIC_PEAKS)]
-    for budget in heur:
-        plan = plan_heuristic(profile, budget)
+    for budget, plan in zip(heur, heuristic_plans(profile, heur), strict=True):
         if plan.feasible:
             p = plan.predicted
             out.append(("heuristic", f"heuristic within {budget} B", p.peak_bytes, p.time_s))

@@ -16,7 +16,7 @@ from memplan.planner.schema import Op, Plan
 from memplan.planner.simulate import Simulation, replay
 from memplan.profiler.schema import Profile
 
-__all__ = ["plan_heuristic", "heuristic_order"]
+__all__ = ["plan_heuristic", "heuristic_plans", "heuristic_order"]
 
 _LINEAR_SCAN_MAX = 256  # above this many stages, bisect on m instead of scanning every count
 
@@ -41,23 +41,45 @@ def _segments(recompute: set[int], n_stages: int) -> list[tuple[int, int, bool]]
     return segs
 
 
-def _try(profile: Profile, order: list[int], m: int) -> tuple[list[Op], Simulation]:
-    ops = one_level_ops(_segments(set(order[:m]), profile.n_stages), profile.n_stages)
-    return ops, replay(profile, ops)
+class _Tries:
+    """The schedule and replay of recomputing the top m stages of `order`, each m built once
+    (the frontier asks for several budgets, whose bisections visit many of the same m)."""
+
+    def __init__(self, profile: Profile, order: list[int]):
+        self.profile, self.order = profile, order
+        self._done: dict[int, tuple[list[Op], Simulation]] = {}
+
+    def __call__(self, m: int) -> tuple[list[Op], Simulation]:
+        if m not in self._done:
+            L = self.profile.n_stages
+            ops = one_level_ops(_segments(set(self.order[:m]), L), L)
+            self._done[m] = (ops, replay(self.profile, ops))
+        return self._done[m]
 
 
 def plan_heuristic(profile: Profile, budget_bytes: int | None = None) -> Plan:
     """Recompute the fewest top-ranked stages that fit; no budget: recompute none (store-all)."""
-    order = heuristic_order(profile)
+    return heuristic_plans(profile, [budget_bytes])[0]
+
+
+def heuristic_plans(profile: Profile, budgets: list[int | None]) -> list[Plan]:
+    """`plan_heuristic` at each of `budgets` (bytes; None: no budget), in their order, each
+    schedule built and replayed once for all of them."""
+    tries = _Tries(profile, heuristic_order(profile))
+    return [_plan_at(profile, tries, budget) for budget in budgets]
+
+
+def _plan_at(profile: Profile, tries: _Tries, budget_bytes: int | None) -> Plan:
+    order = tries.order
     L = profile.n_stages
     if budget_bytes is None:
-        ops, sim = _try(profile, order, 0)
+        ops, sim = tries(0)
         return finish_plan(profile, ops, strategy="heuristic", budget_bytes=None, sim=sim)
     found: tuple[int, list[Op], Simulation] | None = None
     least = None
     if L <= _LINEAR_SCAN_MAX:
         for m in range(len(order) + 1):
-            ops, sim = _try(profile, order, m)
+            ops, sim = tries(m)
             least = sim.peak_bytes if least is None else min(least, sim.peak_bytes)
             if sim.peak_bytes <= budget_bytes:
                 found = (m, ops, sim)
@@ -66,11 +88,11 @@ def plan_heuristic(profile: Profile, budget_bytes: int | None = None) -> Plan:
         lo, hi = 0, len(order)
         while lo < hi:
             mid = (lo + hi) // 2
-            if _try(profile, order, mid)[1].peak_bytes <= budget_bytes:
+            if tries(mid)[1].peak_bytes <= budget_bytes:
                 hi = mid
             else:
                 lo = mid + 1
-        ops, sim = _try(profile, order, lo)
+        ops, sim = tries(lo)
         least = sim.peak_bytes
         if sim.peak_bytes <= budget_bytes:
             found = (lo, ops, sim)

@@ -81,6 +81,24 @@ def test_heuristic_recomputes_memory_intensive_stages_first():
     assert plan.feasible and plan.recomputed == [2] and plan.predicted.peak_bytes == 28
 
 
+@pytest.mark.parametrize("n_stages", [12, 300])  # the linear scan, and the bisection above 256
+def test_heuristic_plans_share_tries_and_equal_one_plan_each(n_stages):
+    import random
+
+    from memplan.planner.heuristic import heuristic_plans, plan_heuristic
+
+    r = random.Random(n_stages)
+    prof = chain([r.randint(1, 6) for _ in range(n_stages + 1)], [r.uniform(1, 6) for _ in range(n_stages)],
+                 [r.uniform(1, 6) for _ in range(n_stages)], [r.randint(0, 6) for _ in range(n_stages)])
+    top = planner.plan(prof, strategy="store-all").predicted.peak_bytes
+    budgets = [None, 0, *(top * k // 10 for k in range(1, 11))]  # 0: infeasible
+    together = heuristic_plans(prof, budgets)
+    for budget, plan in zip(budgets, together, strict=True):
+        alone = plan_heuristic(prof, budget)
+        assert plan.model_dump() == alone.model_dump(), budget
+    assert not together[1].feasible and together[-1].feasible
+
+
 def test_bad_options_and_budgets():
     prof = worked_example()
     with pytest.raises(PlanError, match="strategy: unknown 'fastest'"):
