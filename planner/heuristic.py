@@ -66,11 +66,11 @@ def heuristic_plans(profile: Profile, budgets: list[int | None]) -> list[Plan]:
     """`plan_heuristic` at each of `budgets` (bytes; None: no budget), in their order, each
     schedule built and replayed once for all of them."""
     tries = _Tries(profile, heuristic_order(profile))
-    return [_plan_at(profile, tries, budget) for budget in budgets]
+    return [_plan_at(tries, budget) for budget in budgets]
 
 
-def _plan_at(profile: Profile, tries: _Tries, budget_bytes: int | None) -> Plan:
-    order = tries.order
+def _plan_at(tries: _Tries, budget_bytes: int | None) -> Plan:
+    profile, order = tries.profile, tries.order
     L = profile.n_stages
     if budget_bytes is None:
         ops, sim = tries(0)

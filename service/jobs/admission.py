@@ -259,7 +259,7 @@ def _check_hf_run(request: dict[str, Any], cfg: BaseModel, settings: Settings) -
 def _check_host_memory(request: dict[str, Any], settings: Settings) -> None:
     """A run's `host_memory_bytes` (the host memory its plan may fill with offloaded activations)
     within the job memory limit: the worker stops a job whose memory passes that limit, so a plan
-    allowed more host memory than it could be stopped mid-step."""
+    allowed more host memory than that could be stopped mid-step. Raises AdmissionError."""
     host = request.get("host_memory_bytes")
     limit = job_memory_limit(settings)
     if host is None or limit is None or not request.get("offload_bandwidth") or host <= limit:

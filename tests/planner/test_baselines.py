@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from memplan.planner._build import insert_drops, one_level_ops
+from memplan.planner.heuristic import heuristic_plans, plan_heuristic
 from memplan.planner.schema import PlanError
 from memplan.planner.simulate import simulate
 from memplan.planner.sqrt import sqrt_segments
@@ -83,10 +85,6 @@ def test_heuristic_recomputes_memory_intensive_stages_first():
 
 @pytest.mark.parametrize("n_stages", [12, 300])  # the linear scan, and the bisection above 256
 def test_heuristic_plans_share_tries_and_equal_one_plan_each(n_stages):
-    import random
-
-    from memplan.planner.heuristic import heuristic_plans, plan_heuristic
-
     r = random.Random(n_stages)
     prof = chain([r.randint(1, 6) for _ in range(n_stages + 1)], [r.uniform(1, 6) for _ in range(n_stages)],
                  [r.uniform(1, 6) for _ in range(n_stages)], [r.randint(0, 6) for _ in range(n_stages)])
