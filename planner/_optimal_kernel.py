@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import threading
+from bisect import bisect_right
 
 import numpy as np
 from memplan.planner._optimal_dp import POLICY_BASE, RECORD, Costs, late_useful
@@ -830,9 +831,11 @@ class PoolFrontiers:
     def choice(self, st: int, t: int, m: int, *, late: bool = False) -> int | None:
         """The choice of sub-chain st..t's fastest point within m bytes (None: nothing fits);
         `late`: of the late left part Q(st, t)."""
-        p, _, ch = self.point_arrays(st, t, late=late)
-        k = int(np.searchsorted(p, m, side="right")) - 1
-        return None if k < 0 else int(ch[k])
+        o = int(self._off[int(late), st, t])
+        # bisect on the pool itself: a schedule asks ~L times, and a slice and np.searchsorted
+        # cost several times a bisection's ~10 element reads
+        k = bisect_right(self._peaks, m, o, o + int(self._cnt[int(late), st, t])) - 1
+        return None if k < o else int(self._choices[k])
 
 
 # NOTE [ the kernel's inputs ]

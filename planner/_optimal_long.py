@@ -55,6 +55,7 @@ within `max_gap`.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -482,11 +483,13 @@ class LongFrontiers:
         """The choice of sub-problem st..t's fastest point within m bytes (None: nothing fits),
         shifted from its class's first member to st; ValueError on an optimistic point."""
         k = int(late)
-        o, n = self.off[k, st, t], self.cnt[k, st, t]
-        j = int(np.searchsorted(self.peaks[o:o + n], m, side="right")) - 1
-        if j < 0:
+        o = int(self.off[k, st, t])
+        # bisect on the pool itself: a schedule asks ~L times, and a slice and np.searchsorted
+        # cost several times a bisection's ~10 element reads
+        j = bisect_right(self.peaks, m, o, o + int(self.cnt[k, st, t])) - 1
+        if j < o:
             return None
-        ch = int(self.choices[o + j])
+        ch = int(self.choices[j])
         if ch == _OPT_CHOICE:
             raise ValueError(f"sub-problem {st}..{t} has only an optimistic point")
         shift = st - int(self.rep[k, st, t]) if self.rep is not None else 0
