@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from memplan.executor.apply import InstallError, auto_checkpoint, measure_step, remove_checkpoint
+from memplan.executor.offload import CPU_REFUSAL, RUN_CPU_REFUSAL
 
 __all__ = ["HFRun", "hf_model_from_config", "run_hf_config"]
 
@@ -113,9 +114,14 @@ def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 
     store = make_plan(prof, strategy="store-all").predicted.peak_bytes
     if fraction is not None:
         budget = int(fraction * store)
-    plan = auto_checkpoint(model, example, budget=budget, strategy=strategy, profile=prof,
-                           compile=compile, offload_bandwidth=offload_bandwidth,
-                           host_memory_bytes=host_memory_bytes)
+    try:
+        plan = auto_checkpoint(model, example, budget=budget, strategy=strategy, profile=prof,
+                               compile=compile, offload_bandwidth=offload_bandwidth,
+                               host_memory_bytes=host_memory_bytes)
+    except InstallError as err:
+        if str(err) == CPU_REFUSAL:  # named as the run's option, as `run_builtin` names it
+            raise InstallError(RUN_CPU_REFUSAL) from None
+        raise
     try:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         losses = []

@@ -47,7 +47,7 @@ import torch
 from memplan.executor.report import ExecutorError
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-__all__ = ["TRANSFER_OPS", "CPU_REFUSAL", "has_transfers", "check_device", "Offloader", "OnHost", "Slots"]
+__all__ = ["TRANSFER_OPS", "CPU_REFUSAL", "RUN_CPU_REFUSAL", "has_transfers", "check_device", "Offloader", "OnHost", "Slots"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,8 @@ CPU_REFUSAL = (
     "offload: this plan moves activations to host memory, which needs a CUDA device (there is no "
     "device memory to save on the CPU); plan without offload_bandwidth"
 )
+# the same line where a run (`memplan run`, POST /v1/runs) took the option
+RUN_CPU_REFUSAL = "--offload-bandwidth: " + CPU_REFUSAL.removeprefix("offload: ")
 
 
 def has_transfers(ops: Sequence[Any]) -> bool:

@@ -70,10 +70,10 @@ def _check_offload_device(plan, device: str) -> None:
     """Refuse, before the run, a plan with transfer ops on a device that is not CUDA (the runner
     would refuse it too: NOTE [ Offload in the executor ], 6); a plan that moves nothing runs
     anywhere. Raises `ExecutorError` naming --offload-bandwidth."""
-    from memplan.executor.offload import CPU_REFUSAL, has_transfers
+    from memplan.executor.offload import RUN_CPU_REFUSAL, has_transfers
 
     if has_transfers(plan.ops()) and not str(device).startswith("cuda"):
-        raise ExecutorError("--offload-bandwidth: " + CPU_REFUSAL.removeprefix("offload: "))
+        raise ExecutorError(RUN_CPU_REFUSAL)
 
 
 def run_builtin(spec: RunSpec, *, progress: Callable[[str, int, int], None] | None = None

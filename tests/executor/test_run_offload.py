@@ -122,6 +122,17 @@ def test_cli_hf_config_passes_the_options_to_run_hf_config(monkeypatch, tmp_path
     assert seen["offload_bandwidth"] == 16e9 and seen["host_memory_bytes"] == 8 * 2**30
 
 
+def test_run_hf_config_names_the_runs_option_when_it_refuses_on_the_cpu():
+    from memplan.executor.apply import InstallError
+    from memplan.executor.install import run_hf_config
+
+    gpt2 = {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 32, "n_layer": 3,
+            "n_head": 4, "tie_word_embeddings": False}
+    with pytest.raises(InstallError) as info:
+        run_hf_config(gpt2, batch_size=2, seq=16, fraction=0.5, steps=1, offload_bandwidth=25e9)
+    assert str(info.value) == REFUSAL
+
+
 @pytest.mark.slow
 def test_cli_offload_plan_on_the_cpu_is_refused_in_one_line(plans):
     line = _one_error_line(runner.invoke(app, ["run", *TINY, "--offload-bandwidth", "25GB/s"]))
