@@ -261,8 +261,10 @@ def _check_host_memory(request: dict[str, Any], settings: Settings) -> None:
     within the job memory limit: the worker stops a job whose memory passes that limit, so a plan
     allowed more host memory than that could be stopped mid-step. Raises AdmissionError."""
     host = request.get("host_memory_bytes")
+    if host is None or not request.get("offload_bandwidth"):
+        return  # most requests: no need to read the machine's memory for the limit
     limit = job_memory_limit(settings)
-    if host is None or limit is None or not request.get("offload_bandwidth") or host <= limit:
+    if limit is None or host <= limit:
         return
     raise AdmissionError("body.host_memory_bytes", f"the plan may keep up to {_gib(host)} of activations "
                          f"in host memory, over the job memory limit of {_gib(limit)} (MEMPLAN_JOB_MAX_BYTES), "
