@@ -26,7 +26,9 @@ Contenders, each on its own copy of the same model (same weights), all in the us
   may also be recorded keeping only its matmul outputs, without attention's core, or nothing;
   docs/chain-model.md section 10.8), chosen per block with the checkpoints;
 - memplan-sel-c@PEER: the same on compiled blocks (`compile=True`: `torch.compile` per block, so
-  compile's fusion and memplan's placement add up);
+  compile's fusion and memplan's placement add up), with the min-cut policies besides (each block
+  compiled under activation memory budgets 0.5, 0.2 and 0: NOTE [ min-cut policies of compiled
+  stages ] in profiler/policies.py);
 - memplan*-front-K: optimal plans at a few budgets spread over each variant's frontier.
 
 Peaks: activation bytes (the step's peak above the level before it, the batch included) by exact
@@ -400,6 +402,7 @@ def run_family(kind: str, args) -> dict:
         if not args.no_compile:
             variants.append(("memplan-sel-c", "memplan optimal with save policies, compiled blocks",
                              {"policies": True, "compile": True}))
+    variants = [v for v in variants if v[0] in args.variants]
     mine: dict[str, dict] = {}
     profile_s: dict[str, float] = {}
     fronts: dict[str, list] = {}
@@ -482,11 +485,20 @@ def main(argv=None) -> int:
                     help="skip the torch.compile peers and memplan's compiled blocks")
     ap.add_argument("--no-policies", action="store_true",
                     help="memplan plans whole blocks only (no save policies)")
+    ap.add_argument("--variants", default="memplan,memplan-sel,memplan-sel-c",
+                    help="comma-separated memplan variants to run: memplan (whole blocks), "
+                    "memplan-sel (save policies), memplan-sel-c (save policies on compiled blocks, "
+                    "min-cut policies included)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the comparison uses 1)")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     kinds = [k.strip() for k in args.models.split(",") if k.strip()]
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for v in args.variants:
+        if v not in ("memplan", "memplan-sel", "memplan-sel-c"):
+            print(f"--variants: memplan, memplan-sel and/or memplan-sel-c, not {v!r}", file=sys.stderr)
+            return 2
     for k in kinds:
         if k not in ("gpt2", "llama"):
             print(f"--models: gpt2 and/or llama, not {k!r}", file=sys.stderr)

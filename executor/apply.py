@@ -389,11 +389,11 @@ def profile_model(
 
     if not isinstance(repeats, int) or repeats < 1:
         raise InstallError(f"repeats: must be an integer >= 1, got {repeats!r}")
+    policy_names = _policy_names(policies, compiled=compile)
     label, blist = find_blocks(model, blocks)
     inputs, target = _split(example_batch, loss_fn)
     dev = _device_of(model)
     n = len(blist)
-    policy_names = _policy_names(policies)
     compiled = _CompiledBlocks(blist) if compile else None
     tap = _Tap(model, blist)
     calls: list[Any] = []
@@ -592,10 +592,10 @@ def profile_model(
 # 4. `select_policies` keeps the candidates that keep fewer bytes and are not beaten.
 
 
-def _policy_names(policies: bool | Sequence[str]) -> list[str]:
+def _policy_names(policies: bool | Sequence[str], *, compiled: bool) -> list[str]:
     from memplan.profiler.policies import policy_names
 
-    return policy_names(policies, error=InstallError)
+    return policy_names(policies, error=InstallError, compiled=compiled)
 
 
 def _block_fn(block: nn.Module, call: tuple, forward: Callable[..., Any] | None = None
@@ -850,17 +850,25 @@ class _Step:
 # 3. A recorded block under a policy is compiled as `recorded(forward, ., recompute=r)`: the
 #    selective checkpoint is traced by compile, and its recomputation is part of the compiled
 #    backward (no Python rerun, so the guards count none).
+# 4. A min-cut policy (`["mincut:B"]`, NOTE [ min-cut policies of compiled stages ] in
+#    profiler/policies.py) is the block's forward compiled by inductor under that memory budget;
+#    `policies=True` offers them only with `compile=True`, and an eager installation refuses
+#    a plan that records a block under one.
 _COMPILED: dict[tuple[type, tuple[str, ...] | None], Callable[..., Any]] = {}
 
 
 def _compiled(cls: type, recompute: Sequence[str] | None) -> Callable[..., Any]:
     """torch.compile of `cls.forward` (recompute None) or of it recorded under the policy
     `recompute`; called as fn(block, *args, **kwargs) (NOTE [ Compiled blocks ])."""
+    from memplan.profiler.policies import compiled_policy, mincut_budget
+
     key = (cls, tuple(recompute) if recompute else None)
     fn = _COMPILED.get(key)
     if fn is None:
         forward = cls.forward
-        if recompute:
+        if mincut_budget(recompute) is not None:  # the partitioner chooses: the forward as it is
+            fn = compiled_policy(forward, recompute)
+        elif recompute:
             from memplan.profiler.policies import recorded
 
             rec = list(recompute)
@@ -877,6 +885,18 @@ def _compiled(cls: type, recompute: Sequence[str] | None) -> Callable[..., Any]:
             fn = torch.compile(forward)
         _COMPILED[key] = fn
     return fn
+
+
+def _refuse_mincut(policies: dict[int, list[str]], error: type[Exception]) -> None:
+    """Raise `error` for the first stage of an eager run recorded under a min-cut policy (NOTE
+    [ Compiled blocks ] rule 4)."""
+    from memplan.profiler.policies import mincut_budget
+
+    for i, rec in sorted(policies.items()):
+        if mincut_budget(rec) is not None:
+            raise error(f"plan.stage_policies.{i}: {rec[0]!r} is torch's min-cut and runs only on "
+                        "compiled blocks; run with compile=True, or plan a profile measured "
+                        "without compile")
 
 
 class _BlockForwards:
@@ -940,6 +960,8 @@ class _Installation:
                     "the model's own forward; only blocks can run under a save policy (plan with "
                     "a profile from profile_model, which offers policies for blocks only)")
         self.compile = bool(compile)
+        if not self.compile:
+            _refuse_mincut(self.policies, InstallError)
         self._armed: set[int] = set()  # blocks whose next call records under their policy
         rerun = () if self.compile else self.policies.keys()
         inside = {id(m) for b in blocks for m in b.modules()}

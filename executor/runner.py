@@ -46,7 +46,7 @@ from memplan.executor.offload import (
 )
 from memplan.executor.report import ExecutorError
 from memplan.planner.schema import Op
-from memplan.profiler.policies import recorded
+from memplan.profiler.policies import compiled_policy, mincut_budget, recorded
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -85,6 +85,8 @@ def forward_counts(ops: Sequence[Op], n_stages: int,
 #    `recorded(stage, ., recompute=r)` (R ops), one compiled function per stage and policy, so
 #    compile fuses inside the block and the plan places the blocks. A policy's recomputation is
 #    then part of the compiled backward (no Python rerun: the guards count no extra forward).
+#    A min-cut policy is the stage compiled under its memory budget (`compiled_policy`, NOTE
+#    [ min-cut policies of compiled stages ] in profiler/policies.py); eager runs refuse it.
 
 
 def _alias(value: Any, *, requires_grad: bool) -> Any:
@@ -194,6 +196,11 @@ class ScheduleRunner:
             if not 1 <= i <= self.L:
                 raise ExecutorError(f"policies: no stage {i}; stages are 1..{self.L}")
         self.compile = bool(compile)
+        for i, rec in sorted(self.policies.items()):
+            if not self.compile and mincut_budget(rec) is not None:
+                raise ExecutorError(f"policies: stage {i} is recorded under {rec[0]!r}, torch's "
+                                    "min-cut, which runs only on compiled stages; run with "
+                                    "compile=True or plan without it")
         self._compiled: dict[tuple[int, str], Callable[..., Any]] = {}
         self.counts = forward_counts(self.ops, self.L)
         # the guards also count the reruns inside B i (NOTE [ Save policies in the runner ])
@@ -235,10 +242,7 @@ class ScheduleRunner:
             key = (i, kind if recompute else "F")
             fn = self._compiled.get(key)
             if fn is None:
-                if recompute:
-                    fn = torch.compile(partial(recorded, stage, recompute=recompute))
-                else:
-                    fn = torch.compile(stage)
+                fn = compiled_policy(stage, recompute)
                 self._compiled[key] = fn
             return fn
         if not recompute:

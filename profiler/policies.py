@@ -19,6 +19,20 @@ NOTE [ selective recompute through checkpoint contexts ]
    `preserve_rng_state`), so dropout draws the same mask, provided the replay draws in the
    forward's order: a list that recomputes some random packets and caches others would shift
    the draws (the built-in candidates never do: NOTE [ candidate save policies ] rule 5).
+
+NOTE [ min-cut policies of compiled stages ]
+1. `["mincut:B"]` (0 <= B <= 1) is a policy that only compiled stages run: the stage compiled by
+   inductor with torch's min-cut partitioner choosing what to save under
+   `torch._functorch.config.activation_memory_budget = B` (1 saves what plain compile saves, 0
+   the least it can; `torch.compile` with a memory budget does the same for a whole model). The
+   partitioner decides per operator and fuses the recomputation into the compiled backward, so
+   such a policy often frees bytes more cheaply than a selective list run through a checkpoint.
+2. `compiled_policy` builds it as `torch.compile` with its own backend, inductor under that
+   budget: dynamo keys its cache by code object and backend, so the same forward compiled
+   plainly and under two budgets is three graphs, each partitioned under its own budget (with
+   one backend and the budget patched around the calls, all three reuse the first graph).
+3. Eager stages cannot run it: `recorded` refuses it, and so do the runner and installed plans
+   without `compile=True`.
 """
 
 from __future__ import annotations
@@ -38,10 +52,41 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-__all__ = ["recorded", "op_name", "RECOMPUTE_ALL", "BUILTIN_POLICIES", "MATMUL_OPS", "ATTENTION_OPS",
-           "OpRecord", "trace_ops", "candidate_policies", "select_policies", "policy_names"]
+__all__ = ["recorded", "op_name", "RECOMPUTE_ALL", "BUILTIN_POLICIES", "COMPILED_POLICIES",
+           "MATMUL_OPS", "ATTENTION_OPS", "OpRecord", "trace_ops", "candidate_policies",
+           "select_policies", "policy_names", "mincut_budget", "compiled_policy"]
 
 RECOMPUTE_ALL = "*"
+MINCUT = "mincut:"  # NOTE [ min-cut policies of compiled stages ]
+
+
+def mincut_budget(recompute: Sequence[str] | None) -> float | None:
+    """The activation memory budget (a fraction in [0, 1]) of a min-cut policy `["mincut:B"]`
+    (NOTE [ min-cut policies of compiled stages ]); None for any other recompute list."""
+    if recompute and len(recompute) == 1 and recompute[0].startswith(MINCUT):
+        return float(recompute[0][len(MINCUT):])
+    return None
+
+
+def _mincut_backend(gm: Any, example_inputs: Any, *, budget: float) -> Any:
+    """inductor with the min-cut partitioner under `budget` (NOTE rule 2)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    with torch._functorch.config.patch(activation_memory_budget=budget):
+        return compile_fx(gm, example_inputs)
+
+
+def compiled_policy(fn: Callable[..., Any], recompute: Sequence[str] | None) -> Callable[..., Any]:
+    """`torch.compile` of `fn` run under the save policy `recompute`: None or `[]` plain, a
+    min-cut policy with inductor under its budget (NOTE [ min-cut policies of compiled stages ]),
+    any other list as `recorded(fn, ., recompute=r)` compiled (its checkpoint traced by compile).
+    Returns the compiled callable (same arguments as `fn`)."""
+    budget = mincut_budget(recompute)
+    if budget is not None:
+        return torch.compile(fn, backend=partial(_mincut_backend, budget=budget))
+    if not recompute:
+        return torch.compile(fn)
+    return torch.compile(partial(recorded, fn, recompute=list(recompute)))
 
 
 def op_name(func: Any) -> str:
@@ -66,6 +111,10 @@ def recorded(fn: Callable[..., Any], *args: Any, recompute: Sequence[str] = ()) 
     Returns fn's output."""
     if not recompute:
         return fn(*args)
+    if mincut_budget(recompute) is not None:
+        raise ValueError(f"recompute: {recompute[0]!r} is torch's min-cut under a memory budget and "
+                         "runs only on compiled stages; run with compile=True or choose another "
+                         "policy")
     if list(recompute) == [RECOMPUTE_ALL]:
         return checkpoint(fn, *args, use_reentrant=False)
     if RECOMPUTE_ALL in recompute:
@@ -110,6 +159,9 @@ def recorded(fn: Callable[..., Any], *args: Any, recompute: Sequence[str] = ()) 
 # 6. A selective checkpoint caches the output of every op it does not recompute, whether or not
 #    the backward needs it; so a candidate can keep more than 'all'. Candidates are measured
 #    (memplan.profiler.measure) and filtered by `select_policies`.
+# 7. `mincut50`, `mincut20`, `mincut0` (compiled stages only, COMPILED_POLICIES): inductor's
+#    min-cut under activation memory budgets 0.5, 0.2 and 0 (NOTE [ min-cut policies of compiled
+#    stages ]); they need no trace, the partitioner picks the operators.
 
 MATMUL_OPS = frozenset({
     "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten.linear",
@@ -128,6 +180,9 @@ _BATCHED = frozenset({"aten.bmm", "aten.baddbmm"})
 _SOFTMAX = frozenset({"aten._softmax", "aten._safe_softmax", "aten.softmax"})
 KNAPSACK_POINTS = {"knap1": 0.25, "knap2": 0.5, "knap3": 0.75}
 BUILTIN_POLICIES = ("matmuls", "no_attention", "none", *KNAPSACK_POINTS)
+# NOTE [ min-cut policies of compiled stages ]: offered only where the stages are compiled
+MINCUT_POINTS = {"mincut50": 0.5, "mincut20": 0.2, "mincut0": 0.0}
+COMPILED_POLICIES = tuple(MINCUT_POINTS)
 
 
 @dataclass
@@ -225,9 +280,9 @@ def candidate_policies(ops: list[OpRecord], names: Sequence[str] = BUILTIN_POLIC
     no op. Duplicate recompute lists are kept once (the first name). Raises ValueError for an
     unknown name."""
     for name in names:
-        if name not in BUILTIN_POLICIES:
+        if name not in BUILTIN_POLICIES and name not in MINCUT_POINTS:
             raise ValueError(f"policies: {name!r} is not a built-in policy; choose from "
-                             f"{', '.join(BUILTIN_POLICIES)}")
+                             f"{', '.join(BUILTIN_POLICIES + COMPILED_POLICIES)}")
     if not ops:
         return []
     seen = list(dict.fromkeys(op.name for op in ops))
@@ -253,6 +308,8 @@ def candidate_policies(ops: list[OpRecord], names: Sequence[str] = BUILTIN_POLIC
     for name in names:
         if name == "none":
             out.append((name, [RECOMPUTE_ALL]))
+        elif name in MINCUT_POINTS:
+            out.append((name, [f"{MINCUT}{MINCUT_POINTS[name]}"]))
         elif name == "matmuls":
             add(name, {p for p in seen if p not in MATMUL_OPS} | forced)
         elif name == "no_attention":
@@ -294,20 +351,25 @@ def select_policies(base: tuple[int, int, float], measured: Sequence[Any]) -> li
     return kept[:8]
 
 
-def policy_names(policies: bool | Sequence[str] | None, *, error: type[Exception] = ValueError
-                 ) -> list[str]:
+def policy_names(policies: bool | Sequence[str] | None, *, error: type[Exception] = ValueError,
+                 compiled: bool = False) -> list[str]:
     """The built-in candidate names a `policies=` option asks for: False or None none, True all
-    of BUILTIN_POLICIES, or a list of them (duplicates dropped, order kept). Raises `error` naming
-    `policies` otherwise."""
+    of BUILTIN_POLICIES (and COMPILED_POLICIES when the stages are `compiled`), or a list of them
+    (duplicates dropped, order kept). Raises `error` naming `policies` otherwise, and for a
+    compiled-only policy asked of eager stages."""
     if policies is False or policies is None:
         return []
     if policies is True:
-        return list(BUILTIN_POLICIES)
+        return list(BUILTIN_POLICIES + (COMPILED_POLICIES if compiled else ()))
+    known = BUILTIN_POLICIES + COMPILED_POLICIES
     if isinstance(policies, str) or not all(isinstance(p, str) for p in policies):
         raise error(f"policies: give True, False or a list of policy names "
-                    f"({', '.join(BUILTIN_POLICIES)}), not {policies!r}")
+                    f"({', '.join(known)}), not {policies!r}")
     for name in policies:
-        if name not in BUILTIN_POLICIES:
+        if name not in known:
             raise error(f"policies: {name!r} is not a built-in policy; choose from "
-                        f"{', '.join(BUILTIN_POLICIES)}")
+                        f"{', '.join(known)}")
+        if name in MINCUT_POINTS and not compiled:
+            raise error(f"policies: {name!r} is torch's min-cut and runs only on compiled blocks; "
+                        "pass compile=True or leave it out")
     return list(dict.fromkeys(policies))

@@ -77,7 +77,9 @@ class SavePolicy(BaseModel):
         default_factory=list,
         description="operators recomputed in the backward instead of kept, as aten overload "
         "packets ('aten.gelu', 'aten._softmax'); ['*']: every operator (the whole stage is "
-        "recomputed from its input, as torch.utils.checkpoint does)")
+        "recomputed from its input, as torch.utils.checkpoint does); ['mincut:B']: compiled "
+        "stages only, inductor's min-cut partitioner chooses under activation memory budget B "
+        "(0..1)")
     saved_bytes: Bytes = Field(description="[s_i] bytes kept for the backward under this policy")
     forward_temp_bytes: Bytes = Field(default=0, description="[tf_i] transient of the recorded "
                                       "forward under this policy")
@@ -98,9 +100,21 @@ class SavePolicy(BaseModel):
     @classmethod
     def _ops_named(cls, ops: list[str]) -> list[str]:
         for op in ops:
-            if op != "*" and not re.fullmatch(r"[A-Za-z_][\w.]*", op):
+            if op.startswith("mincut:"):  # NOTE [ min-cut policies of compiled stages ]
+                try:
+                    budget = float(op[len("mincut:"):])
+                except ValueError:
+                    budget = math.nan
+                if not 0.0 <= budget <= 1.0:
+                    raise ValueError(f"{op!r}: a min-cut policy is 'mincut:B' with a memory "
+                                     "budget B between 0 and 1, e.g. 'mincut:0.5'")
+                if len(ops) > 1:
+                    raise ValueError(f"{op!r} lets the compiler choose every operator; list it "
+                                     "alone")
+            elif op != "*" and not re.fullmatch(r"[A-Za-z_][\w.]*", op):
                 raise ValueError(f"{op!r} is not an operator name; use aten packets such as "
-                                 "'aten.gelu', or '*' for every operator")
+                                 "'aten.gelu', '*' for every operator, or 'mincut:B' (compiled "
+                                 "stages)")
         if "*" in ops and len(ops) > 1:
             raise ValueError("'*' recomputes every operator; list it alone")
         return ops

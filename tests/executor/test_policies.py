@@ -431,3 +431,69 @@ def test_installed_policies_on_llama_keep_gradients_and_peak():
             remove_checkpoint(model)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), name
         assert abs(m.peak_error_pct) <= 0.1, (name, m.message)
+
+
+@pytest.mark.slow
+def test_mincut_policies_of_compiled_blocks_measure_what_they_run():
+    # NOTE [ min-cut policies of compiled stages ]: each block compiled under a memory budget is
+    # an option with its own measured bytes; installed, the step's peak is the predicted one
+    from memplan.executor.apply import install_plan, profile_model, remove_checkpoint
+    from memplan.executor.run import COMPILED_TOLERANCE
+
+    from tests.hf_tiny import lm_batch, tiny_lm
+
+    torch.set_num_threads(1)
+    model = tiny_lm("gpt2", "sdpa", n_layer=2, width=64, dropout=0.0).train()
+    model.config.use_cache = False
+    batch = lm_batch(4, 32, seed=100)
+    ref = copy.deepcopy(model)
+    _, want = _installed_step(ref, batch)
+    prof = profile_model(model, batch, repeats=1, warmup=1, policies=["mincut50", "mincut0"],
+                         compile=True)
+    for layer in prof.layers[1:-1]:
+        by_name = {p.name: p for p in layer.policies}
+        assert set(by_name) == {"mincut50", "mincut0"}, by_name
+        assert by_name["mincut50"].recompute == ["mincut:0.5"]
+        assert by_name["mincut0"].recompute == ["mincut:0.0"]
+        # the partitioner under a smaller budget keeps fewer bytes, and both fewer than plain
+        assert by_name["mincut0"].saved_bytes < by_name["mincut50"].saved_bytes < layer.saved_bytes
+    store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
+    bare = prof.with_policies({})
+    for chosen in ({2: "mincut50", 3: "mincut0"}, {2: "mincut0", 3: "mincut0"}):
+        p = _under(planner.plan(bare, strategy="optimal", budget_bytes=int(0.7 * store)), prof,
+                   chosen)
+        install_plan(model, p, batch, profile=prof, compile=True)
+        try:
+            m, got = _installed_step(model, batch)
+        finally:
+            remove_checkpoint(model)
+        rel = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+                  for a, b in zip(got, want, strict=True))
+        assert rel <= COMPILED_TOLERANCE, chosen
+        assert abs(m.peak_error_pct) <= 0.1, (chosen, m.message)
+    # eager blocks cannot run a min-cut policy: refused in one line naming the stage
+    with pytest.raises(InstallError, match=r"plan.stage_policies.2: 'mincut:0.5' .* compile=True"):
+        install_plan(model, _under(planner.plan(bare, strategy="optimal",
+                                                budget_bytes=int(0.7 * store)), prof, {2: "mincut50"}),
+                     batch, profile=prof)
+    assert all("forward" not in b.__dict__ for b in model.transformer.h)
+
+
+def test_mincut_policies_need_compiled_stages():
+    from memplan.executor.apply import profile_model
+    from memplan.executor.runner import ScheduleRunner
+    from memplan.profiler.policies import policy_names, recorded
+
+    with pytest.raises(ValueError, match="policies: 'mincut50' .* compile=True"):
+        policy_names(["matmuls", "mincut50"])
+    assert "mincut20" in policy_names(True, compiled=True)
+    assert "mincut20" not in policy_names(True)
+    with pytest.raises(ValueError, match="runs only on compiled stages"):
+        recorded(torch.nn.Linear(2, 2), torch.ones(1, 2), recompute=["mincut:0.2"])
+    stages, idx = gpt.build_gpt(gpt.GPTConfig(**{**TINY, "n_layer": 1}, dropout=0.0))
+    plan = planner.plan(measure.profile_chain(stages, idx, repeats=1, warmup=0),
+                        strategy="store-all")
+    with pytest.raises(ExecutorError, match="policies: stage 2 is recorded under 'mincut:0.5'"):
+        ScheduleRunner(stages, plan.ops(), device=torch.device("cpu"), policies={2: ["mincut:0.5"]})
+    with pytest.raises(InstallError, match="policies: 'mincut0' .* compile=True"):
+        profile_model(torch.nn.Linear(2, 2), torch.ones(1, 2), policies=["mincut0"])

@@ -206,9 +206,19 @@ def test_policy_schema_is_validated():
         (dict(name="x", recompute=["not an op"], saved_bytes=0, forward_s=1, backward_s=1),
          "not an operator"),
         (dict(name="x", saved_bytes=-1, forward_s=1, backward_s=1), "policies.0.saved_bytes"),
+        (dict(name="x", recompute=["mincut:1.5"], saved_bytes=0, forward_s=1, backward_s=1),
+         "budget B between 0 and 1"),
+        (dict(name="x", recompute=["mincut:half"], saved_bytes=0, forward_s=1, backward_s=1),
+         "budget B between 0 and 1"),
+        (dict(name="x", recompute=["mincut:0.5", "aten.gelu"], saved_bytes=0, forward_s=1,
+              backward_s=1), "list it alone"),
     ]:
         with pytest.raises(ProfileError, match=needle):
             load_profile({"input_bytes": 1, "layers": [{**base, "policies": [bad]}]})
+    # a min-cut policy (compiled stages) is data like any other: planned and replayed
+    cut = dict(name="mincut50", recompute=["mincut:0.5"], saved_bytes=0, forward_s=1, backward_s=2)
+    prof = load_profile({"input_bytes": 1, "layers": [{**base, "policies": [cut]}, {**base, "name": "t"}]})
+    assert prof.layers[0].policies[0].recompute == ["mincut:0.5"]
     two = [dict(name="x", saved_bytes=0, forward_s=1, backward_s=1)] * 2
     with pytest.raises(ProfileError, match="repeats the name"):
         load_profile({"input_bytes": 1, "layers": [{**base, "policies": two}]})
