@@ -380,7 +380,8 @@ def profile_model(
     `policies`: also measure save policies for each block (NOTE [ Save policies of installed
     blocks ]): False (none), True (the profiler's built-in candidates) or a list of their names.
     `compile`: measure the model with each block compiled (`torch.compile` per block, NOTE
-    [ Compiled blocks ]), as `auto_checkpoint(..., compile=True)` runs it.
+    [ Compiled blocks ]), as `auto_checkpoint(..., compile=True)` runs it; with `policies=True`
+    the min-cut policies are offered too.
 
     Returns a `Profile` (seconds, bytes; `meta["apply"]` records the blocks, the batch bytes and
     whether there is a prefix stage). Raises `InstallError` when the blocks do not form a chain."""
@@ -1553,7 +1554,8 @@ def auto_checkpoint(
     this model and batch shape (skips profiling). `policies`: profile the blocks' save policies
     too (True: the built-in candidates, or a list of their names), so the planner can record
     blocks under them (NOTE [ Save policies of installed blocks ]). `compile`: compile each block
-    (`torch.compile` per block), profile and plan on the compiled costs, and install the plan on
+    (`torch.compile` per block), profile and plan on the compiled costs (with `policies=True`,
+    inductor's min-cut under memory budgets among the blocks' policies), and install the plan on
     the compiled blocks (NOTE [ Compiled blocks ]). `offload_bandwidth` (bytes/s) and
     `host_memory_bytes`: the optimal plan may also move kept activations to host memory
     (docs/chain-model.md section 10.9; CUDA only: on the CPU the install is refused).
