@@ -21,9 +21,12 @@ blocks' outputs (a stage's backward starts when the gradient of its output is co
 - x_i: the unique storages of the stage's output (the first floating tensor a block returns).
 - s_i: storages saved for the backward (saved-tensor hooks) while the stage ran, less parameters,
   buffers, the batch, the stage's input and output and the other arguments the block was called
-  with (masks, rotary embeddings: the prefix made them). The prefix's s_1 is everything its
-  forward leaves allocated besides its output (those side values included: they live until the
-  step ends).
+  with (masks, rotary embeddings, positions: the prefix made them). Those side values are held
+  for the blocks' recomputes from the prefix's first forward to the step's end, whatever the
+  schedule (an `F 1` keeps them as an `R 1` does), so they count in x_0 (`input_bytes`, always
+  live) beside the batch, not in the prefix's s_1: charged to s_1, a schedule that forwards the
+  prefix without a record was predicted a Llama's rotary tables (64 KiB) below its measured
+  peak. The prefix's s_1 is what else its forward saves.
 - tf_i: the stage's forward peak above what it leaves; tb_i: its backward peak above its start,
   less the new input gradient, with its output's gradient d_i held until the stage's backward
   ends (the chain model's `B i` frees d_i at its end; the installation's `B i` of a no-grad stage
@@ -510,6 +513,8 @@ def profile_model(
     L = n + 2 if has_prefix else n + 1
     off = 1 if has_prefix else 0
     names, kinds = _stage_labels(n, has_prefix)
+    side_st = _side_values(arg_st, in_st, fixed_st | batch_st) if has_prefix else {}
+    side_b = sum(side_st.values())
 
     def labels_of(i: int) -> tuple[str, str]:
         """Stage i's (1-based) forward and backward phase labels (spans start at their label)."""
@@ -527,12 +532,10 @@ def profile_model(
         _, npeak, nend = ng_phases.get(fl, (0, 0, 0))
         if has_prefix and i == 1:
             out_b, in_b = x_prefix, 0
-            # what it saves, and the side values (masks, rotary tables) that blocks saved
-            side = {p: b for j in range(n) for p, b in packs.get(j + 1, {}).items()
-                    if p in arg_st[j] and p not in in_st[j]}
-            excl = fixed_st | batch_st | in_st[0]
-            saved = sum(b for p, b in (packs.get(0, {}) | side).items() if p not in excl)
-            saved = max(0, min(saved, end - s0 - out_b))
+            # what it saves; its side values are always live (x_0: NOTE [ Measured in context ])
+            excl = fixed_st | batch_st | in_st[0] | side_st
+            saved = sum(b for p, b in packs.get(0, {}).items() if p not in excl)
+            saved = max(0, min(saved, end - s0 - out_b - side_b))
         elif i == L:
             out_b, in_b = 4, x_block[n - 1]  # the float32 loss
             excl = fixed_st | batch_st | out_st[n - 1]
@@ -569,7 +572,7 @@ def profile_model(
     return Profile(
         name=name or type(model).__name__, device=str(dev),
         dtype=str(next((p.dtype for p in params if p.is_floating_point()), torch.float32)).removeprefix("torch."),
-        input_bytes=sum(batch_st.values()), fixed_bytes=fixed, layers=layers,
+        input_bytes=sum(batch_st.values()) + side_b, fixed_bytes=fixed, layers=layers,
         meta={"source": "memplan.executor.apply.profile_model (measured in the model's own step)",
               "torch": torch.__version__, "optimizer": optimizer, "repeats": repeats,
               "policies": policy_names or None, "compiled": bool(compile),
@@ -1423,6 +1426,15 @@ class _Installation:
 _INSTALLED: weakref.WeakKeyDictionary[nn.Module, _Installation] = weakref.WeakKeyDictionary()
 
 
+def _side_values(arg_st: list[dict[int, int]], in_st: list[dict[int, int]],
+                 excl: dict[int, int]) -> dict[int, int]:
+    """The prefix's side values (storage -> bytes): what the blocks are called with besides their
+    hidden states and `excl` (the batch, the weights): masks, rotary tables, positions, held for
+    the blocks' recomputes through the whole step (NOTE [ Measured in context ])."""
+    return {p: b for j, args in enumerate(arg_st) for p, b in args.items()
+            if p not in in_st[j] and p not in excl}
+
+
 def _model_stages(model: nn.Module, example_batch: Any, blocks, loss_fn) -> Profile:
     """The model's chain layout (names, output and parameter bytes; no times) on a batch: what a
     plan's fingerprint covers, from one forward under torch.no_grad()."""
@@ -1436,6 +1448,9 @@ def _model_stages(model: nn.Module, example_batch: Any, blocks, loss_fn) -> Prof
         has_prefix = tap.inputs[0] is None or tap.inputs[0].untyped_storage().data_ptr() not in batch_st
         x = [sum(_storages(o).values()) for o in tap.outputs]
         x0 = sum(_storages(tap.inputs[0]).values()) if has_prefix else 0
+        excl = batch_st | _storages(list(model.parameters())) | _storages(list(model.buffers()))
+        side = sum(_side_values([_storages(a) for a in tap.args], [_storages(h) for h in tap.inputs],
+                                excl).values()) if has_prefix else 0
     finally:
         tap.remove()
     names, kinds = _stage_labels(len(blist), has_prefix)
@@ -1443,7 +1458,7 @@ def _model_stages(model: nn.Module, example_batch: Any, blocks, loss_fn) -> Prof
     layers = [LayerProfile(name=nm, kind=kd, forward_s=0, backward_s=0, output_bytes=o, saved_bytes=0)
               for nm, kd, o in zip(names, kinds, outs, strict=True)]
     _param_bytes(model, blist, layers, has_prefix)
-    return Profile(input_bytes=sum(batch_st.values()), layers=layers,
+    return Profile(input_bytes=sum(batch_st.values()) + side, layers=layers,
                    meta={"apply": {"blocks": label, "n_blocks": len(blist), "prefix": has_prefix}})
 
 
