@@ -333,16 +333,10 @@ def test_compiled_stages_run_a_plan_under_policies():
     assert r.compiled and r.stage_policies == {2: "none", 3: "matmuls"}
 
 
-@pytest.mark.slow
-def test_auto_checkpoint_compiled_blocks_plans_on_compiled_costs():
-    from memplan.executor.apply import (
-        auto_checkpoint,
-        install_plan,
-        measure_step,
-        profile_model,
-        remove_checkpoint,
-    )
-    from memplan.executor.run import COMPILED_TOLERANCE
+def _compiled_gpt2(policies):
+    """A 2-block HF GPT-2, a batch, the unplanned step's gradients, and its profile with each
+    block compiled and `policies` measured."""
+    from memplan.executor.apply import profile_model
 
     from tests.hf_tiny import lm_batch, tiny_lm
 
@@ -350,29 +344,48 @@ def test_auto_checkpoint_compiled_blocks_plans_on_compiled_costs():
     model = tiny_lm("gpt2", "sdpa", n_layer=2, width=64, dropout=0.0).train()
     model.config.use_cache = False
     batch = lm_batch(4, 32, seed=100)
-    ref = copy.deepcopy(model)
-    _, want = _installed_step(ref, batch)
-    prof = profile_model(model, batch, repeats=1, warmup=1, policies=["none", "matmuls"],
-                         compile=True)
+    _, want = _installed_step(copy.deepcopy(model), batch)
+    prof = profile_model(model, batch, repeats=1, warmup=1, policies=policies, compile=True)
+    return model, batch, want, prof
+
+
+def _check_installed_compiled(model, plan, batch, prof, want) -> None:
+    """`plan` installed on compiled blocks: gradients within the compiled tolerance of `want`,
+    the measured peak within 0.1% of the prediction."""
+    from memplan.executor.apply import install_plan, remove_checkpoint
+    from memplan.executor.run import COMPILED_TOLERANCE
+
+    install_plan(model, plan, batch, profile=prof, compile=True)
+    try:
+        m, got = _installed_step(model, batch)
+    finally:
+        remove_checkpoint(model)
+    rel = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+              for a, b in zip(got, want, strict=True))
+    assert rel <= COMPILED_TOLERANCE, plan.stage_policies
+    assert abs(m.peak_error_pct) <= 0.1, (plan.stage_policies, m.message)
+
+
+@pytest.mark.slow
+def test_auto_checkpoint_compiled_blocks_plans_on_compiled_costs():
+    from memplan.executor.apply import (
+        auto_checkpoint,
+        measure_step,
+        profile_model,
+        remove_checkpoint,
+    )
+
+    model, batch, want, prof = _compiled_gpt2(["none", "matmuls"])
     assert prof.meta["compiled"] and all("forward" not in b.__dict__ for b in model.transformer.h)
     eager = profile_model(copy.deepcopy(model), batch, repeats=1, warmup=0)
     # compile's fusion: the compiled blocks keep fewer bytes than the eager ones
     assert prof.layers[1].saved_bytes < eager.layers[1].saved_bytes
     store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
     bare = prof.with_policies({})
-    plans = [_under(planner.plan(bare, strategy="optimal", budget_bytes=int(0.7 * store)), prof,
-                    {2: "matmuls", 3: "none"})]
-    for p in plans:
-        install_plan(model, p, batch, profile=prof, compile=True)
-        try:
-            m, got = _installed_step(model, batch)
-        finally:
-            remove_checkpoint(model)
-        rel = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-                  for a, b in zip(got, want, strict=True))
-        assert rel <= COMPILED_TOLERANCE
-        assert abs(m.peak_error_pct) <= 0.1, m.message
-    p = auto_checkpoint(model, batch, budget=int(0.7 * store), profile=prof, compile=True)
+    _check_installed_compiled(model, _under(planner.plan(bare, strategy="optimal",
+                                                         budget_bytes=int(0.7 * store)), prof,
+                                            {2: "matmuls", 3: "none"}), batch, prof, want)
+    auto_checkpoint(model, batch, budget=int(0.7 * store), profile=prof, compile=True)
     try:
         m = measure_step(model, batch, time_steps=0)
     finally:
@@ -437,19 +450,9 @@ def test_installed_policies_on_llama_keep_gradients_and_peak():
 def test_mincut_policies_of_compiled_blocks_measure_what_they_run():
     # NOTE [ min-cut policies of compiled stages ]: each block compiled under a memory budget is
     # an option with its own measured bytes; installed, the step's peak is the predicted one
-    from memplan.executor.apply import install_plan, profile_model, remove_checkpoint
-    from memplan.executor.run import COMPILED_TOLERANCE
+    from memplan.executor.apply import install_plan
 
-    from tests.hf_tiny import lm_batch, tiny_lm
-
-    torch.set_num_threads(1)
-    model = tiny_lm("gpt2", "sdpa", n_layer=2, width=64, dropout=0.0).train()
-    model.config.use_cache = False
-    batch = lm_batch(4, 32, seed=100)
-    ref = copy.deepcopy(model)
-    _, want = _installed_step(ref, batch)
-    prof = profile_model(model, batch, repeats=1, warmup=1, policies=["mincut50", "mincut0"],
-                         compile=True)
+    model, batch, want, prof = _compiled_gpt2(["mincut50", "mincut0"])
     for layer in prof.layers[1:-1]:
         by_name = {p.name: p for p in layer.policies}
         assert set(by_name) == {"mincut50", "mincut0"}, by_name
@@ -458,24 +461,12 @@ def test_mincut_policies_of_compiled_blocks_measure_what_they_run():
         # the partitioner under a smaller budget keeps fewer bytes, and both fewer than plain
         assert by_name["mincut0"].saved_bytes < by_name["mincut50"].saved_bytes < layer.saved_bytes
     store = planner.plan(prof, strategy="store-all").predicted.peak_bytes
-    bare = prof.with_policies({})
+    bare = planner.plan(prof.with_policies({}), strategy="optimal", budget_bytes=int(0.7 * store))
     for chosen in ({2: "mincut50", 3: "mincut0"}, {2: "mincut0", 3: "mincut0"}):
-        p = _under(planner.plan(bare, strategy="optimal", budget_bytes=int(0.7 * store)), prof,
-                   chosen)
-        install_plan(model, p, batch, profile=prof, compile=True)
-        try:
-            m, got = _installed_step(model, batch)
-        finally:
-            remove_checkpoint(model)
-        rel = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-                  for a, b in zip(got, want, strict=True))
-        assert rel <= COMPILED_TOLERANCE, chosen
-        assert abs(m.peak_error_pct) <= 0.1, (chosen, m.message)
+        _check_installed_compiled(model, _under(bare, prof, chosen), batch, prof, want)
     # eager blocks cannot run a min-cut policy: refused in one line naming the stage
     with pytest.raises(InstallError, match=r"plan.stage_policies.2: 'mincut:0.5' .* compile=True"):
-        install_plan(model, _under(planner.plan(bare, strategy="optimal",
-                                                budget_bytes=int(0.7 * store)), prof, {2: "mincut50"}),
-                     batch, profile=prof)
+        install_plan(model, _under(bare, prof, {2: "mincut50"}), batch, profile=prof)
     assert all("forward" not in b.__dict__ for b in model.transformer.h)
 
 
