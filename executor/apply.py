@@ -870,9 +870,9 @@ def _compiled(cls: type, recompute: Sequence[str] | None) -> Callable[..., Any]:
     fn = _COMPILED.get(key)
     if fn is None:
         forward = cls.forward
-        if mincut_budget(recompute) is not None:  # the partitioner chooses: the forward as it is
+        if not recompute or mincut_budget(recompute) is not None:  # the forward as it is
             fn = compiled_policy(forward, recompute)
-        elif recompute:
+        else:
             from memplan.profiler.policies import recorded
 
             rec = list(recompute)
@@ -885,22 +885,8 @@ def _compiled(cls: type, recompute: Sequence[str] | None) -> Callable[..., Any]:
                     return forward(block, *a, **kw)
                 return recorded(run, hidden, recompute=rec)
             fn = torch.compile(under_policy)
-        else:
-            fn = torch.compile(forward)
         _COMPILED[key] = fn
     return fn
-
-
-def _refuse_mincut(policies: dict[int, list[str]], error: type[Exception]) -> None:
-    """Raise `error` for the first stage of an eager run recorded under a min-cut policy (NOTE
-    [ Compiled blocks ] rule 4)."""
-    from memplan.profiler.policies import mincut_budget
-
-    for i, rec in sorted(policies.items()):
-        if mincut_budget(rec) is not None:
-            raise error(f"plan.stage_policies.{i}: {rec[0]!r} is torch's min-cut and runs only on "
-                        "compiled blocks; run with compile=True, or plan a profile measured "
-                        "without compile")
 
 
 class _BlockForwards:
@@ -964,8 +950,13 @@ class _Installation:
                     "the model's own forward; only blocks can run under a save policy (plan with "
                     "a profile from profile_model, which offers policies for blocks only)")
         self.compile = bool(compile)
-        if not self.compile:
-            _refuse_mincut(self.policies, InstallError)
+        from memplan.profiler.policies import first_mincut
+
+        i = None if self.compile else first_mincut(self.policies)
+        if i is not None:  # NOTE [ Compiled blocks ] rule 4
+            raise InstallError(f"plan.stage_policies.{i}: {self.policies[i][0]!r} is torch's "
+                               "min-cut and runs only on compiled blocks; install with "
+                               "compile=True, or plan a profile measured without compile")
         self._armed: set[int] = set()  # blocks whose next call records under their policy
         rerun = () if self.compile else self.policies.keys()
         inside = {id(m) for b in blocks for m in b.modules()}

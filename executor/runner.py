@@ -46,7 +46,7 @@ from memplan.executor.offload import (
 )
 from memplan.executor.report import ExecutorError
 from memplan.planner.schema import Op
-from memplan.profiler.policies import compiled_policy, mincut_budget, recorded
+from memplan.profiler.policies import compiled_policy, first_mincut, recorded
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -196,11 +196,11 @@ class ScheduleRunner:
             if not 1 <= i <= self.L:
                 raise ExecutorError(f"policies: no stage {i}; stages are 1..{self.L}")
         self.compile = bool(compile)
-        for i, rec in sorted(self.policies.items()):
-            if not self.compile and mincut_budget(rec) is not None:
-                raise ExecutorError(f"policies: stage {i} is recorded under {rec[0]!r}, torch's "
-                                    "min-cut, which runs only on compiled stages; run with "
-                                    "compile=True or plan without it")
+        i = None if self.compile else first_mincut(self.policies)
+        if i is not None:
+            raise ExecutorError(f"policies: stage {i} is recorded under {self.policies[i][0]!r}, "
+                                "torch's min-cut, which runs only on compiled stages; run with "
+                                "compile=True or plan without it")
         self._compiled: dict[tuple[int, str], Callable[..., Any]] = {}
         self.counts = forward_counts(self.ops, self.L)
         # the guards also count the reruns inside B i (NOTE [ Save policies in the runner ])

@@ -54,7 +54,8 @@ from torch.utils.checkpoint import (
 
 __all__ = ["recorded", "op_name", "RECOMPUTE_ALL", "BUILTIN_POLICIES", "COMPILED_POLICIES",
            "MATMUL_OPS", "ATTENTION_OPS", "OpRecord", "trace_ops", "candidate_policies",
-           "select_policies", "policy_names", "mincut_budget", "compiled_policy"]
+           "select_policies", "policy_names", "mincut_budget", "first_mincut",
+           "compiled_policy"]
 
 RECOMPUTE_ALL = "*"
 MINCUT = "mincut:"  # NOTE [ min-cut policies of compiled stages ]
@@ -66,6 +67,13 @@ def mincut_budget(recompute: Sequence[str] | None) -> float | None:
     if recompute and len(recompute) == 1 and recompute[0].startswith(MINCUT):
         return float(recompute[0][len(MINCUT):])
     return None
+
+
+def first_mincut(policies: dict[int, Sequence[str]]) -> int | None:
+    """The first stage (by number) of `policies` (stage -> recompute list) recorded under a
+    min-cut policy, which eager runs refuse (NOTE [ min-cut policies of compiled stages ] rule
+    3); None when there is none."""
+    return next((i for i, rec in sorted(policies.items()) if mincut_budget(rec) is not None), None)
 
 
 def _mincut_backend(gm: Any, example_inputs: Any, *, budget: float) -> Any:
