@@ -44,6 +44,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from memplan.profiler.schema import MINCUT, mincut_budget  # the token is schema data
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.checkpoint import (
@@ -58,15 +59,6 @@ __all__ = ["recorded", "op_name", "RECOMPUTE_ALL", "BUILTIN_POLICIES", "COMPILED
            "compiled_policy"]
 
 RECOMPUTE_ALL = "*"
-MINCUT = "mincut:"  # NOTE [ min-cut policies of compiled stages ]
-
-
-def mincut_budget(recompute: Sequence[str] | None) -> float | None:
-    """The activation memory budget (a fraction in [0, 1]) of a min-cut policy `["mincut:B"]`
-    (NOTE [ min-cut policies of compiled stages ]); None for any other recompute list."""
-    if recompute and len(recompute) == 1 and recompute[0].startswith(MINCUT):
-        return float(recompute[0][len(MINCUT):])
-    return None
 
 
 def first_mincut(policies: dict[int, Sequence[str]]) -> int | None:

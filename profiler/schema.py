@@ -29,6 +29,8 @@ __all__ = [
     "LayerProfile",
     "SavePolicy",
     "SAVE_ALL",
+    "MINCUT",
+    "mincut_budget",
     "Profile",
     "ProfileError",
     "load_profile",
@@ -59,6 +61,16 @@ class ProfileError(ValueError):
 
 
 SAVE_ALL = "all"  # the name of a stage's own record: autograd keeps everything (its base fields)
+MINCUT = "mincut:"  # a min-cut policy's token (NOTE [ min-cut policies of compiled stages ])
+
+
+def mincut_budget(recompute: list[str] | tuple[str, ...] | None) -> float | None:
+    """The activation memory budget B of a min-cut policy `["mincut:B"]` (NOTE [ min-cut policies
+    of compiled stages ] in profiler/policies.py); None for any other recompute list. Raises
+    ValueError when B is not a number."""
+    if recompute and len(recompute) == 1 and recompute[0].startswith(MINCUT):
+        return float(recompute[0][len(MINCUT):])
+    return None
 
 
 class SavePolicy(BaseModel):
@@ -100,9 +112,9 @@ class SavePolicy(BaseModel):
     @classmethod
     def _ops_named(cls, ops: list[str]) -> list[str]:
         for op in ops:
-            if op.startswith("mincut:"):  # NOTE [ min-cut policies of compiled stages ]
+            if op.startswith(MINCUT):  # NOTE [ min-cut policies of compiled stages ]
                 try:
-                    budget = float(op[len("mincut:"):])
+                    budget = mincut_budget([op])
                 except ValueError:
                     budget = math.nan
                 if not 0.0 <= budget <= 1.0:
