@@ -116,6 +116,7 @@ __all__ = [
     "installable",
     "StepMeasurement",
     "InstallError",
+    "OffloadNeedsCudaError",
 ]
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,11 @@ log = logging.getLogger(__name__)
 
 class InstallError(ExecutorError):
     """A plan or model that cannot be installed; the message names the field and the fix."""
+
+
+class OffloadNeedsCudaError(InstallError):
+    """The plan moves tensors to host memory and the model is not on a CUDA device
+    (`CPU_REFUSAL`); a caller that took the option under another name says it in its own words."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -991,7 +997,7 @@ class _Installation:
         """The transfer ops' machinery and where the forward phase runs them (NOTE [ Offload in
         installed plans ]); raises InstallError for what it does not run."""
         if host_device is None and (self.device.type != "cuda" or not torch.cuda.is_available()):
-            raise InstallError(CPU_REFUSAL)
+            raise OffloadNeedsCudaError(CPU_REFUSAL)
         L = self.L
         for op in ops:
             if op[0] in ("offload_record", "fetch_record") and op[1] == L or (

@@ -15,8 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from memplan.executor.apply import InstallError, auto_checkpoint, measure_step, remove_checkpoint
-from memplan.executor.offload import CPU_REFUSAL, RUN_CPU_REFUSAL
+from memplan.executor.apply import (
+    InstallError,
+    OffloadNeedsCudaError,
+    auto_checkpoint,
+    measure_step,
+    remove_checkpoint,
+)
+from memplan.executor.offload import RUN_CPU_REFUSAL
 
 __all__ = ["HFRun", "hf_model_from_config", "run_hf_config"]
 
@@ -118,10 +124,8 @@ def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 
         plan = auto_checkpoint(model, example, budget=budget, strategy=strategy, profile=prof,
                                compile=compile, offload_bandwidth=offload_bandwidth,
                                host_memory_bytes=host_memory_bytes)
-    except InstallError as err:
-        if str(err) == CPU_REFUSAL:  # named as the run's option, as `run_builtin` names it
-            raise InstallError(RUN_CPU_REFUSAL) from None
-        raise
+    except OffloadNeedsCudaError:  # named as the run's option, as `run_builtin` names it
+        raise InstallError(RUN_CPU_REFUSAL) from None
     try:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         losses = []

@@ -290,11 +290,9 @@ class ScheduleRunner:
         self._fresh = set()
         if self.offload is not None:
             self.offload.begin_step()
-        # a schedule without transfer ops runs as it did before offload existed (`_op_plain`)
-        run = self._op if self.offload is not None else self._op_plain
         for k, op in enumerate(self.ops):
             with op_context(k, op) if op_context else contextlib.nullcontext():
-                loss = run(k, op, act, rec, grad, loss, loss_scale, time_ops)
+                loss = self._op(k, op, act, rec, grad, loss, loss_scale, time_ops)
         self.guards.flush()
         if self.offload is not None and self.offload.pending():
             raise ExecutorError("schedule: it ends with a transfer op; a transfer needs a compute op "
@@ -321,86 +319,11 @@ class ScheduleRunner:
             else:
                 self._fresh.discard(i)
 
-    def _op_plain(self, k: int, op: Op, act: list, rec: dict, grad: list, loss: Any,
-            loss_scale: float | None, time_ops: bool) -> Any:
-        L = self.L
-        t0 = time.perf_counter() if time_ops else 0.0
-        name = op[0]
-        if name in ("F", "R"):
-            i = op[1]
-            if act[i - 1] is None:
-                raise ExecutorError(f"schedule[{k}] {list(op)}: its input a_{i - 1} is not live")
-            if act[i] is not None and (i + 1) not in rec:
-                # a live, unpinned a_i is replaced by the (equal) recomputed output: free it
-                # first so that the op costs no x_i, as the chain model's "x_i (if new)" says
-                act[i] = None
-            new_output = act[i] is None
-            tmp_input = None
-            if self.storage:
-                from memplan.executor.features.storage import Stored, load
-
-                if isinstance(act[i - 1], Stored):
-                    if name == "R":  # restored to its compute dtype; the record keeps it
-                        act[i - 1] = load(act[i - 1])
-                    else:
-                        tmp_input = load(act[i - 1])  # a temporary for this forward
-            with self.guards.forward(i), self._autocast():
-                if name == "F":
-                    with torch.no_grad():
-                        out = self._fn(i, "F")(act[i - 1] if tmp_input is None else tmp_input)
-                    act[i] = out
-                    del tmp_input
-                else:
-                    inp = _alias(act[i - 1], requires_grad=True)
-                    with torch.enable_grad():
-                        out = self._fn(i, "R")(inp)
-                    rec[i] = (inp, _edges(out))
-                    if act[i] is None:
-                        act[i] = _alias(out, requires_grad=False)
-                    # else: a_i is live and pinned by record i+1: keep it, and free the equal
-                    # new output; it was live during the op, which the replay does not count
-                    # (NOTE [ R on a live output ] in docs/executor.md)
-            del out
-            if self.storage:
-                self._store_after(k, name, i, act, new_output)
-        elif name == "drop":
-            act[op[1]] = None
-        elif name == "loss":
-            a_L = act[L]
-            if not isinstance(a_L, torch.Tensor) or a_L.numel() != 1 or not a_L.is_floating_point():
-                raise ExecutorError(
-                    "stages: the last stage must return the scalar loss (a floating tensor with "
-                    f"one element), got {type(a_L).__name__}"
-                    + (f" of shape {tuple(a_L.shape)}" if isinstance(a_L, torch.Tensor) else "")
-                )
-            # the loss value goes to a buffer kept across steps (allocated in `prepare`), so that `drop L` frees a_L as the chain model says
-            if self._loss_buf is None or self._loss_buf.dtype != a_L.dtype:
-                self._loss_buf = torch.empty((), dtype=a_L.dtype, device=a_L.device)
-            self._loss_buf.copy_(a_L.detach().reshape(()))
-            loss = self._loss_buf
-            seed = torch.ones_like(a_L) if loss_scale is None else torch.full_like(a_L, loss_scale)
-            grad[L] = [seed]
-        else:  # "B"
-            i = op[1]
-            inp, edges = rec.pop(i)
-            pairs = [(e, g) for e, g in zip(edges, grad[i], strict=True)
-                     if e is not None and g is not None]
-            grad[i] = None
-            if pairs:
-                if i in self.policies and not self.compile:
-                    self.guards.flush()  # NOTE [ Save policies in the runner ] point 3
-                _backward_handing_over(pairs)
-            del pairs, edges
-            flat_in, _ = tree_flatten(inp)
-            grad[i - 1] = [t.grad if isinstance(t, torch.Tensor) else None for t in flat_in]
-            del inp, flat_in
-        if time_ops:
-            _sync(self.device)
-            self.op_seconds.append(time.perf_counter() - t0)
-        return loss
-
     def _op(self, k: int, op: Op, act: list, rec: dict, grad: list, loss: Any,
             loss_scale: float | None, time_ops: bool) -> Any:
+        """Run op k of the schedule: a transfer op is issued, a compute op runs (`_compute`),
+        with its window's transfers around it when the plan moves tensors; returns the loss
+        buffer once seeded (None before). With `time_ops`, appends its seconds to `op_seconds`."""
         t0 = time.perf_counter() if time_ops else 0.0
         name = op[0]
         off = self.offload

@@ -101,67 +101,12 @@ def _grow3(P, T, C, need):
 
 
 @njit(cache=True, inline="always")  # inlined: a call costs its arrays' reference counts
-def _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Op, Ot, Oc):
-    """Lower envelope of staircases E and S into O; returns its length. On exact ties E wins.
-    E's points below S's first peak, and its tail once S is spent and beaten, are block copies."""
-    if ns == 0:
-        Op[:ne] = Ep[:ne]
-        Ot[:ne] = Et[:ne]
-        Oc[:ne] = Ec[:ne]
-        return ne
-    i = _last_le(Ep, 0, ne, Sp[0] - 1) + 1  # E's points with a peak below S's first
-    Op[:i] = Ep[:i]
-    Ot[:i] = Et[:i]
-    Oc[:i] = Ec[:i]
-    k = i
-    ea = Et[i - 1] if i > 0 else np.inf
-    ec = Ec[i - 1] if i > 0 else 0
-    last = ea
-    j = 0
-    sa = np.inf
-    sc = 0
-    while i < ne or j < ns:
-        if j >= ns and i < ne and Et[i] < sa:
-            # S is spent and E beats its last value from here on: E's tail as it is
-            if Et[i] < last - abs(last) * 1e-12 or last == np.inf:
-                n = ne - i
-                Op[k:k + n] = Ep[i:ne]
-                Ot[k:k + n] = Et[i:ne]
-                Oc[k:k + n] = Ec[i:ne]
-                return k + n
-        if j >= ns or (i < ne and Ep[i] <= Sp[j]):
-            m = Ep[i]
-        else:
-            m = Sp[j]
-        while i < ne and Ep[i] == m:
-            ea = Et[i]
-            ec = Ec[i]
-            i += 1
-        while j < ns and Sp[j] == m:
-            sa = St[j]
-            sc = Sc[j]
-            j += 1
-        if sa < ea:
-            v = sa
-            c = sc
-        else:
-            v = ea
-            c = ec
-        if v < last - abs(last) * 1e-12 or (last == np.inf and v < np.inf):
-            Op[k] = m
-            Ot[k] = v
-            Oc[k] = c
-            k += 1
-            last = v
-    return k
-
-
-@njit(cache=True, inline="always")  # inlined: a call costs its arrays' reference counts
 def _merge_in_place(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc):
-    """`_merge_env` of E and S into E itself (room for ne + ns points; F: scratch for as many);
-    returns its length. Only the stretch that S changes is written: E's points below S's first
-    peak stay where they are, and its tail once S is spent and beaten is moved as a block (NOTE
-    [ winners first ]: most merges add a few points to a long envelope)."""
+    """The lower envelope of staircases E and S (ns >= 1) into E itself (room for ne + ns
+    points; F: scratch for as many); returns its length. On exact ties E wins, and times within
+    1e-12 relative count as ties. Only the stretch that S changes is written: E's points below
+    S's first peak stay where they are, and its tail once S is spent and beaten is moved as a
+    block (NOTE [ winners first ]: most merges add a few points to a long envelope)."""
     i0 = _last_le(Ep, 0, ne, Sp[0] - 1) + 1  # E's points with a peak below S's first: kept
     i = i0
     k = 0  # the merged stretch, in F
@@ -446,10 +391,9 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W, H):
         else:
             if ne + ns > Fp.shape[0]:
                 Fp, Ft, Fc = _grow3(Fp, Ft, Fc, ne + ns)
-            ne = _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
-            Ep, Fp = Fp, Ep
-            Et, Ft = Ft, Et
-            Ec, Fc = Fc, Ec
+            if ne + ns > Ep.shape[0]:
+                Ep, Et, Ec = _grow3(Ep, Et, Ec, ne + ns)
+            ne = _merge_in_place(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
     # splits at s': F s..s'-1 keeping a_{s'-1}, the right part s'..t, then the left part s..s'-1
     # plain (choice s') or, where it can help, late (choice -s')
     # (FW, FS: each split's forward peak and no-grad forward seconds, MK: tried, by s' - st - 1)
@@ -573,6 +517,28 @@ def _one_length(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP,
 
 
 @njit(cache=True)
+def _listed(H, nh, PC, o, n, shift):
+    """H with the splits s' (plain or late, as s'; records left out) of the pool points o..o+n
+    appended after its first nh, each shifted by `shift` stages, a run of one choice listed once:
+    (H, a new array where it grew; the new count). H[0] is left to the caller."""
+    if 1 + nh + n > H.shape[0]:
+        H = _grow(H, 1 + nh + n)
+    last = 0
+    for q in range(o, o + n):
+        c = PC[q]
+        if c == last:
+            continue  # consecutive points of one choice: listed once
+        last = c
+        if c > 0:
+            H[1 + nh] = c + shift
+            nh += 1
+        elif c < 0 and c > POLICY_BASE:  # a late split -s' (a record is 0 or below)
+            H[1 + nh] = -c + shift
+            nh += 1
+    return H, nh
+
+
+@njit(cache=True)
 def _shorter_winners(kind, st, t, off, cnt, PC, H):
     """H[1:1 + H[0]]: the splits s' (plain or late, as s') in the frontiers of the two
     sub-problems one stage shorter, (kind, st, t-1) and (kind, st+1, t), in their peak order,
@@ -589,24 +555,8 @@ def _shorter_winners(kind, st, t, off, cnt, PC, H):
     for src in range(2):
         a = st + src
         b = t - 1 + src
-        if b < a:
-            continue
-        o = off[kind, a, b]
-        n = cnt[kind, a, b]
-        if 1 + nh + n > H.shape[0]:
-            H = _grow(H, 1 + nh + n)
-        last = 0
-        for q in range(o, o + n):
-            c = PC[q]
-            if c == last:
-                continue  # consecutive points of one choice: listed once
-            last = c
-            if c > 0:
-                H[1 + nh] = c
-                nh += 1
-            elif c < 0 and c > POLICY_BASE:  # a late split -s' (a record is 0 or below)
-                H[1 + nh] = -c
-                nh += 1
+        if b >= a:
+            H, nh = _listed(H, nh, PC, off[kind, a, b], cnt[kind, a, b], 0)
     H[0] = nh
     return H
 

@@ -59,7 +59,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
-from memplan.planner._optimal_dp import POLICY_BASE, RECORD, Costs, build_ops
+from memplan.planner._optimal_dp import RECORD, Costs, build_ops
 from memplan.planner._optimal_kernel import (
     _BIG,
     _LAUNCH,
@@ -67,7 +67,8 @@ from memplan.planner._optimal_kernel import (
     _arrays,
     _grow3,
     _last_le,
-    _merge_env,
+    _listed,
+    _merge_in_place,
     _push,
     _restage,
     _staging,
@@ -192,9 +193,10 @@ def _windows_long(x, s, useful, cap, windowed, status, rep):
 
 @njit(cache=True)
 def _hints(kind, st, t, off, cnt, PC, status, rep, H):
-    """H[1:1 + H[0]]: the splits s' (absolute, for st) that the sub-problem one stage shorter
+    """H[1:1 + H[0]]: the splits s' (absolute, for st) that the sub-problems one stage shorter
     chose, (kind, st, t-1) and (kind, st+1, t), shifted from their class's first member (NOTE
-    [ split order and parts ] in planner/_optimal_kernel.py); at most H.shape[0] - 1."""
+    [ split order and parts ] in planner/_optimal_kernel.py). Returns H (a new array where it
+    grew)."""
     nh = 0
     for src in range(2):
         a = st + src
@@ -205,23 +207,9 @@ def _hints(kind, st, t, off, cnt, PC, status, rep, H):
         if code != SOLVE and code != ALIAS:
             continue
         shift = a - (rep[kind, a, b] if code == ALIAS else a)
-        last = 0
-        o = off[kind, a, b]
-        for q in range(o, o + cnt[kind, a, b]):
-            c = PC[q]
-            if c == last:
-                continue
-            last = c
-            if c > 0:
-                sp = c + shift
-            elif c < 0 and c > POLICY_BASE:
-                sp = -c + shift
-            else:
-                continue  # a record
-            if nh + 1 < H.shape[0]:
-                H[1 + nh] = sp
-                nh += 1
+        H, nh = _listed(H, nh, PC, off[kind, a, b], cnt[kind, a, b], shift)
     H[0] = nh
+    return H
 
 
 @njit(cache=True, parallel=True)
@@ -242,7 +230,7 @@ def _solve_set(late, d, width, K, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, g
                 continue
             st = row_st[r]
             t = st + d - kind
-            _hints(kind, st, t, off, cnt, PC, status, rep, H)
+            H = _hints(kind, st, t, off, cnt, PC, status, rep, H)
             ne, W = _subchain(late, st, t, K, row_cap[r], row_lo[r], off, cnt, PP, PT, PC, W, H)
             if ne <= width:
                 gP[r, :ne] = W[0][:ne]
@@ -294,12 +282,15 @@ def _parts_merged(gP, gT, gC, gN, r0, nparts, lo):
             Ec[:ns] = gC[r0 + p, :ns]
             ne = ns
             continue
-        ne = _merge_env(Ep, Et, Ec, ne, gP[r0 + p], gT[r0 + p], gC[r0 + p], ns, Fp, Ft, Fc)
-        Ep, Fp = Fp, Ep
-        Et, Ft = Ft, Et
-        Ec, Fc = Fc, Ec
+        ne = _merge_in_place(Ep, Et, Ec, ne, gP[r0 + p], gT[r0 + p], gC[r0 + p], ns, Fp, Ft, Fc)
     k = max(0, _last_le(Ep, 0, ne, lo))  # the point in force at lo, as `_subchain` keeps
     return Ep[k:ne], Et[k:ne], Ec[k:ne], ne - k
+
+
+@njit(cache=True)
+def _scratch(n):
+    """Scratch staircase arrays (peaks, times, choices) of n points for `_merge_in_place`."""
+    return np.empty(n, np.int64), np.empty(n, np.float64), np.empty(n, np.int64)
 
 
 @njit(cache=True)
@@ -311,9 +302,11 @@ def _fold_running(Hp, Ht, nh, PP, PT, o, n, add):
     Sc = np.zeros(n, np.int64)
     Op = np.empty(nh + n + 1, np.int64)
     Ot = np.empty(nh + n + 1, np.float64)
-    Oc = np.empty(nh + n + 1, np.int64)
-    Hc = np.zeros(nh + 1, np.int64)
-    k = _merge_env(Hp, Ht, Hc, nh, Sp, St, Sc, n, Op, Ot, Oc)
+    Oc = np.zeros(nh + n + 1, np.int64)
+    Op[:nh] = Hp[:nh]
+    Ot[:nh] = Ht[:nh]
+    Fp, Ft, Fc = _scratch(nh + n + 1)
+    k = _merge_in_place(Op, Ot, Oc, nh, Sp, St, Sc, n, Fp, Ft, Fc)
     return Op, Ot, k
 
 
@@ -340,7 +333,11 @@ def _fold_into(Rp, Rt, Rc, ne, Hp, Ht, nh, shift, sub, floor, cap):
         Ot[:ns] = St[:ns]
         Oc[:ns] = Sc[:ns]
         return Op[:ns], Ot[:ns], Oc[:ns], ns
-    k = _merge_env(Rp, Rt, Rc, ne, Sp, St, Sc, ns, Op, Ot, Oc)
+    Op[:ne] = Rp[:ne]
+    Ot[:ne] = Rt[:ne]
+    Oc[:ne] = Rc[:ne]
+    Fp, Ft, Fc = _scratch(ne + ns + 1)
+    k = _merge_in_place(Op, Ot, Oc, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
     return Op[:k], Ot[:k], Oc[:k], k
 
 
