@@ -576,13 +576,20 @@ def _stage(w, late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers, gP, g
             continue
         H = _shorter_winners(kind, st, t, off, cnt, PC, H)  # NOTE [ winners first ]
         ne, W = _subchain(late, st, t, K, cap, lo[kind, st, t], off, cnt, PP, PT, PC, W, H)
-        if ne <= width:
-            gP[idx, :ne] = W[0][:ne]
-            gT[idx, :ne] = W[1][:ne]
-            gC[idx, :ne] = W[2][:ne]
-            gN[idx] = ne
-        else:
-            gN[idx] = -1
+        _to_row(gP, gT, gC, gN, idx, ne, W, width)
+
+
+@njit(cache=True, inline="always")
+def _to_row(gP, gT, gC, gN, r, ne, W, width):
+    """Staging row r gets the envelope in W's first three arrays (ne points), or -1 in gN when
+    it is wider than the rows' `width` (solved again by `_restage`)."""
+    if ne <= width:
+        gP[r, :ne] = W[0][:ne]
+        gT[r, :ne] = W[1][:ne]
+        gC[r, :ne] = W[2][:ne]
+        gN[r] = ne
+    else:
+        gN[r] = -1
 
 
 @njit(cache=True, parallel=True)

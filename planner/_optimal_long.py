@@ -73,6 +73,7 @@ from memplan.planner._optimal_kernel import (
     _restage,
     _staging,
     _subchain,
+    _to_row,
     _work,
     get_num_threads,
     njit,
@@ -232,13 +233,7 @@ def _solve_set(late, d, width, K, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, g
             t = st + d - kind
             H = _hints(kind, st, t, off, cnt, PC, status, rep, H)
             ne, W = _subchain(late, st, t, K, row_cap[r], row_lo[r], off, cnt, PP, PT, PC, W, H)
-            if ne <= width:
-                gP[r, :ne] = W[0][:ne]
-                gT[r, :ne] = W[1][:ne]
-                gC[r, :ne] = W[2][:ne]
-                gN[r] = ne
-            else:
-                gN[r] = -1
+            _to_row(gP, gT, gC, gN, r, ne, W, width)
 
 
 @njit(cache=True)
