@@ -6,7 +6,8 @@ Contenders, each on its own copy of the same model (same weights), all in the us
 (`model(**batch).loss.backward()`, gradients kept allocated between steps):
 
 - unplanned: the model as built (every activation stored);
-- hf-gc: `model.gradient_checkpointing_enable(use_reentrant=False)` (every layer checkpointed);
+- hf-gc: `model.activation_checkpointing_enable(use_reentrant=False)` (transformers 5.x; before,
+  `gradient_checkpointing_enable`): every layer checkpointed;
 - ckpt-seq: torch `checkpoint_sequential` over the blocks with round(sqrt(L)) segments. The
   blocks' ModuleList is replaced by a one-element ModuleList holding a module that, called as the
   first block with the model's keyword arguments (masks, positions, rotary tables), binds those
@@ -32,8 +33,9 @@ Contenders, each on its own copy of the same model (same weights), all in the us
 - memplan*-front-K: optimal plans at a few budgets spread over each variant's frontier.
 
 Peaks: activation bytes (the step's peak above the level before it, the batch included) by exact
-CPU accounting (`memplan.profiler.memory.measure_memory`), one step after a warm one, the same
-function for every contender. Times: one thread (`torch.set_num_threads(1)`), each contender's
+CPU accounting, or on CUDA (`--device cuda`) the allocator's counters
+(`memplan.profiler.memory.measure_memory`), one step after a warm one, the same function for every
+contender. Times: one thread (`torch.set_num_threads(1)`), each contender's
 step once per round in an order rotated from round to round (NOTE [ interleaved rounds ] in
 bench_seed_claims.py); each time is reported as the median of its per-round ratios to the unplanned
 step, with the min and a bootstrap 95% interval of that median, and as the ratio of the
@@ -91,9 +93,11 @@ log = logging.getLogger("bench_peers")
 # models
 
 
-def build(kind: str, *, layers: int, width: int, seq: int, vocab: int, seed: int = 0) -> nn.Module:
-    """A `kind` ("gpt2" or "llama") causal LM from a config (fp32, sdpa attention, dropout 0,
-    untied embeddings), random weights from `seed`. Returns the model in train mode."""
+def build(kind: str, *, layers: int, width: int, seq: int, vocab: int, seed: int = 0,
+          device: str = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A `kind` ("gpt2" or "llama") causal LM from a config (sdpa attention: flash on CUDA in
+    half precision; dropout 0, untied embeddings), random weights from `seed`, its parameters in
+    `dtype` on `device`. Returns the model in train mode."""
     import transformers
 
     torch.manual_seed(seed)
@@ -112,15 +116,16 @@ def build(kind: str, *, layers: int, width: int, seq: int, vocab: int, seed: int
         raise ValueError(f"kind: 'gpt2' or 'llama', not {kind!r}")
     cfg._attn_implementation = "sdpa"
     cfg.use_cache = False
-    model = cls(cfg)
+    model = cls(cfg).to(device=device, dtype=dtype)
     model.train()
     return model
 
 
-def make_batch(batch: int, seq: int, vocab: int, seed: int = 1) -> dict:
-    """{"input_ids", "labels"}: random tokens, labels equal to the inputs (the model shifts them)."""
+def make_batch(batch: int, seq: int, vocab: int, seed: int = 1, device: str = "cpu") -> dict:
+    """{"input_ids", "labels"} on `device`: random tokens, labels equal to the inputs (the model
+    shifts them)."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
     return {"input_ids": ids, "labels": ids.clone()}
 
 
@@ -278,7 +283,7 @@ def stepper(model: nn.Module, batch: dict, budget: float | None = None):
             with torch._functorch.config.patch(activation_memory_budget=budget):
                 loss = model(**batch).loss
                 loss.backward()
-        return float(loss.detach())
+        return float(loss.detach())  # (on CUDA this waits for the step: the timing's sync)
 
     return step
 
@@ -289,11 +294,12 @@ def batch_bytes(batch: dict) -> int:
 
 
 def peak_of(step, batch: dict) -> int:
-    """The activation peak of one step in bytes: the peak above the level before it, by exact CPU
-    accounting, plus the batch. One warm step first."""
+    """The activation peak of one step in bytes: the peak above the level before it (exact CPU
+    accounting, or the CUDA allocator's counters on the batch's device), plus the batch. One warm
+    step first."""
     step()
     gc.collect()
-    with measure_memory("cpu") as m:
+    with measure_memory(next(iter(batch.values())).device) as m:
         step()
     return m.peak_bytes + batch_bytes(batch)
 
@@ -338,12 +344,14 @@ def median_ci(values: list[float], *, level: float = 0.95, resamples: int = 2000
 def run_family(kind: str, args) -> dict:
     """Every contender on a `kind` model: peaks (bytes) and time ratios to the unplanned step.
     Returns the family's JSON record."""
-    base = build(kind, layers=args.layers, width=args.width, seq=args.seq, vocab=args.vocab)
-    batch = make_batch(args.batch, args.seq, args.vocab)
+    device, dtype = getattr(args, "device", "cpu"), getattr(torch, getattr(args, "dtype", "float32"))
+    shape = dict(layers=args.layers, width=args.width, seq=args.seq, vocab=args.vocab)
+    base = build(kind, **shape, device=device, dtype=dtype)
+    batch = make_batch(args.batch, args.seq, args.vocab, device=device)
     state = copy.deepcopy(base.state_dict())
 
     def fresh() -> nn.Module:
-        m = build(kind, layers=args.layers, width=args.width, seq=args.seq, vocab=args.vocab)
+        m = build(kind, **shape, device=device, dtype=dtype)
         m.load_state_dict(state)
         return m
 
@@ -374,8 +382,11 @@ def run_family(kind: str, args) -> dict:
 
     add("unplanned", "the model as built", base)
     m = fresh()
-    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    add("hf-gc", "HF gradient_checkpointing_enable (every layer, non-reentrant)", m)
+    if hasattr(m, "activation_checkpointing_enable"):  # transformers 5.x's name; the old one warns
+        m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    add("hf-gc", "HF activation (gradient) checkpointing enabled (every layer, non-reentrant)", m)
     m = fresh()
     seg = wrap_checkpoint_sequential(m, batch)
     add("ckpt-seq", f"torch checkpoint_sequential, {seg} segments (round(sqrt(L)))", m)
@@ -490,6 +501,9 @@ def main(argv=None) -> int:
                     "memplan-sel (save policies), memplan-sel-c (save policies on compiled blocks, "
                     "min-cut policies included)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the comparison uses 1)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="the models' parameter dtype (default float32)")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -503,6 +517,9 @@ def main(argv=None) -> int:
         if k not in ("gpt2", "llama"):
             print(f"--models: gpt2 and/or llama, not {k!r}", file=sys.stderr)
             return 2
+    if args.device not in ("cpu", "cuda") or (args.device == "cuda" and not torch.cuda.is_available()):
+        print(f"--device: cpu, or cuda where CUDA is available; got {args.device!r}", file=sys.stderr)
+        return 2
     try:
         import transformers
     except ImportError:

@@ -30,6 +30,15 @@ Sections (`--sections`, comma-separated; default all):
   prune, exit) under every strategy at 60% of the store-all peak and optimal at 30%, fp32; then
   bf16 autocast and fp16 with a gradient scaler: gradients, buffers and parameters against the
   unplanned run.
+- peers: Hugging Face GPT-2 small (B 8) and medium (B 4), T 1024, in `--dtype` with sdpa
+  attention (flash on CUDA), against the checkpointing a user can already reach for, each in the
+  user's plain step: HF gradient checkpointing, `checkpoint_sequential`, torchtitan's every-2nd-layer
+  and op-level selective checkpointing, `torch.compile` with activation memory budgets 0.5 and 0.2;
+  then memplan's installed plans (whole blocks, save policies, save policies on compiled blocks
+  with the min-cut policies) at each peer's measured peak (benchmarks/bench_peers.py's
+  `run_family`, interleaved rounds): peaks by `max_memory_allocated`, step times as ratios to the
+  unplanned step, gradients against it. On the CPU logic check the compiled contenders are left
+  out (minutes of inductor compiling for a tiny model).
 `--deterministic` runs with `torch.use_deterministic_algorithms(True, warn_only=True)` (set
 CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment, as cuBLAS asks).
 
@@ -90,6 +99,12 @@ ANALYTIC_FIELDS = ("output_bytes", "saved_bytes", "param_bytes", "flops")
 OFFLOAD_MODEL = ("gpt2-medium-b16", MODELS["gpt2-medium-b16"])
 TINY_OFFLOAD_MODEL = ("tiny-b", TINY_MODELS["tiny-b"])
 OFFLOAD_FRACTIONS = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65)
+# the peers section: Hugging Face GPT-2 shapes (bench_peers.py's `build`: heads = width / 64)
+PEER_MODELS = {
+    "hf-gpt2": dict(layers=12, width=768, seq=1024, batch=8, vocab=50257),
+    "hf-gpt2-medium": dict(layers=24, width=1024, seq=1024, batch=4, vocab=50257),
+}
+TINY_PEER_MODELS = {"hf-tiny": dict(layers=2, width=64, seq=32, batch=2, vocab=256)}
 CPU_STAND_IN_BANDWIDTH = 1e9  # bytes/s: plans on the CPU (no bandwidth to measure) for the logic
 
 
@@ -499,6 +514,57 @@ def section_features(fields: dict, dev: torch.device, res: _Results) -> None:
         _free(dev)
 
 
+def _bench_peers():
+    """benchmarks/bench_peers.py as a module (benchmarks/ is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_peers.py"
+    spec = importlib.util.spec_from_file_location("bench_peers", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def section_peers(models: dict, dev: torch.device, res: _Results, *, dtype: str, rounds: int) -> None:
+    """Hugging Face GPT-2 against the peers' checkpointing and memplan's installed plans at each
+    peer's peak (module docstring, "peers"): one record per contender, its peak (bytes) and its
+    step time as a ratio to the unplanned step's."""
+    import argparse as _argparse
+
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        res.add("peers", {"model": "-", "contender": "-", "status": "skipped",
+                          "message": "transformers is not installed"})
+        return
+    bench = _bench_peers()
+    for name, shape in models.items():
+        args = _argparse.Namespace(
+            **shape, rounds=rounds, repeats=3, frontier_points=2, no_compile=dev.type != "cuda",
+            no_policies=False, variants=["memplan", "memplan-sel", "memplan-sel-c"],
+            device=dev.type, dtype=dtype)
+        try:
+            t0 = time.perf_counter()
+            rec = bench.run_family("gpt2", args)
+        except Exception as exc:
+            res.add("peers", {"model": name, "contender": "-", "status": "error",
+                              "message": _error_text(exc)})
+            log.error("peers %s: %s", name, traceback.format_exc())
+            _free(dev)
+            continue
+        for contender, r in rec["peers"].items():
+            res.add("peers", {"model": name, "contender": contender, "status": "ok", **r})
+        for contender, r in rec["infeasible"].items():
+            res.add("peers", {"model": name, "contender": contender, "status": "infeasible", **r})
+        for contender, why in rec["errors"].items():
+            if contender == "compile" and args.no_compile:
+                why = "left out of the CPU logic check (minutes of inductor compiling)"
+            res.add("peers", {"model": name, "contender": contender, "status": "not run",
+                              "message": why})
+        log.info("peers %s: %.0f s (profiles %s)", name, time.perf_counter() - t0, rec["profile_s"])
+        _free(dev)
+
+
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
@@ -517,6 +583,20 @@ def _f(v, spec: str) -> str:
 
 def print_tables(data: dict) -> None:
     secs = data["sections"]
+    if secs.get("peers"):
+        print("\npeers (step time / the unplanned step's: median [95% interval]; peak above the "
+              "level before the step)")
+        for r in secs["peers"]:
+            if r["status"] != "ok":
+                print(f"{r['model']:<15} {r['contender']:<28} {r['status']}: {r.get('message', '')}")
+                continue
+            lo, hi = r["time_ratio_ci95"]
+            pols = ", ".join(f"{k} x{v}" for k, v in r.get("policies", {}).items())
+            pred = (f" (predicted {_mib(r['predicted_peak_bytes'])})"
+                    if r.get("predicted_peak_bytes") is not None else "")
+            print(f"{r['model']:<15} {r['contender']:<28} {_mib(r['peak_bytes']):>9} MiB{pred} "
+                  f"{r['time_ratio_median']:.3f} [{lo:.3f}, {hi:.3f}] grad diff "
+                  f"{r['max_grad_diff']:.2g} {pols}")
     for r in secs.get("rng", []):
         print(f"rng: restoring twice, handing {r['handed']}: second draw equals the first: "
               f"{r['second_draw_equals_first']}")
@@ -587,8 +667,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny configs (a logic check, not a measurement)")
     ap.add_argument("--dtype", default="bfloat16", help="parameter dtype of the GPT-2 models (default bfloat16)")
     ap.add_argument("--steps", type=int, default=6, help="steps per plan in the models section (time: median of 2..steps-1)")
-    ap.add_argument("--sections", default="rng,models,features,policies,offload",
-                    help="rng, models, features, policies, offload (comma-separated)")
+    ap.add_argument("--sections", default="rng,models,features,policies,offload,peers",
+                    help="rng, models, features, policies, offload, peers (comma-separated)")
+    ap.add_argument("--peer-rounds", type=int, default=5, help="peers: interleaved timing rounds")
     ap.add_argument("--models", default=None, help="comma-separated names from the models section (default all)")
     ap.add_argument("--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True, warn_only=True)")
     ap.add_argument("--out", type=Path, default=None, help="JSON output path")
@@ -599,10 +680,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --device cuda: CUDA is not available; use --device cpu --tiny", file=sys.stderr)
         return 2
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = set(sections) - {"rng", "models", "features", "policies", "offload"}
+    unknown = set(sections) - {"rng", "models", "features", "policies", "offload", "peers"}
     if unknown:
         print(f"error: --sections: unknown {sorted(unknown)}; choose from rng, models, features, "
-              "policies, offload", file=sys.stderr)
+              "policies, offload, peers", file=sys.stderr)
         return 2
     models = TINY_MODELS if args.tiny else MODELS
     if args.models:
@@ -639,6 +720,9 @@ def main(argv: list[str] | None = None) -> int:
     if "offload" in sections:
         section_offload(TINY_OFFLOAD_MODEL if args.tiny else OFFLOAD_MODEL, device, res,
                         dtype=args.dtype, steps=args.steps)
+    if "peers" in sections:
+        section_peers(TINY_PEER_MODELS if args.tiny else PEER_MODELS, device, res,
+                      dtype=args.dtype, rounds=args.peer_rounds)
     res.data["elapsed_s"] = time.perf_counter() - t_start
     res.path.write_text(json.dumps(res.data, indent=1, default=str) + "\n")
     print_tables(res.data)
