@@ -76,7 +76,6 @@ _EXPECT = {
     "max_overhead": "a finite fraction from 0 to 1000 (0.2 for at most 20% slower)",
     "exact_max_stages": "a positive integer up to 2000 (stages solved exactly before grouping)",
     "groups": "a positive integer up to 2000 (macro stages in grouped mode)",
-    "mode": f"one of {', '.join(OPTIMAL_MODES)}",
     "slots": "an integer from 8 to 10000 (500 is rotor's)",
     "max_gap": "a finite fraction from 0 to 10 (0.01 for 1%)",
     "points": "an integer >= 2 and at most 10000 (or none for all)",
@@ -167,7 +166,8 @@ class OptimalOptions(_Options):
     )
     slots: int = Field(default=500, ge=8, le=10_000, description="slotted mode: memory slots")
     max_gap: float = Field(
-        default=0.01, ge=0, le=10, description="slotted mode: refine until the gap is this small",
+        default=0.01, ge=0, le=10, description="banded and slotted modes: refine until the "
+        "certified gap to the optimum is at most this (0.01 = 1%)",
     )
     offload_bandwidth: float | None = Field(
         default=None, ge=0, le=MAX_OFFLOAD_BANDWIDTH,
@@ -426,6 +426,9 @@ def plan_error(err: ValidationError, data: Any = None) -> PlanError:
                          field=field)
     if name in _EXPECT:
         return PlanError(f"expected {_EXPECT[name]}, got {given!r}", field=field)
+    if kind == "literal_error":  # the values this model takes (a plan's modes, a frontier's)
+        allowed = str((e.get("ctx") or {}).get("expected", "")).replace("'", "")
+        return PlanError(f"expected one of {allowed}, got {given!r}", field=field)
     return PlanError(str(e.get("msg", "invalid")), field=field)
 
 

@@ -29,6 +29,11 @@ def frontier_cmd(
         str | None,
         typer.Option(help="with --offload-bandwidth: host memory the offload may take (e.g. 64GiB)"),
     ] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(help="auto (default), exact, memo, banded or grouped: how long chains are "
+                     "solved, each point with its certified gap (docs/planner.md)"),
+    ] = None,
     server: ServerOption = None,
 ) -> None:
     """The Pareto set of (peak, time) from the store-all peak down to the least feasible budget."""
@@ -40,8 +45,10 @@ def frontier_cmd(
 
     prof = load_profile(read_json(profile, what="profile"))
     flags = {"points": "--points", "offload_bandwidth": "--offload-bandwidth",
-             "host_memory_bytes": "--host-memory"}
+             "host_memory_bytes": "--host-memory", "mode": "--mode"}
     given = {"points": points} if points is not None else {}
+    if mode is not None:
+        given["mode"] = mode
     given.update(_offload(offload_bandwidth, host_memory))
     try:  # validated once, here, as the service validates its body
         request = frontier_request(profile=prof, options=given)

@@ -23,6 +23,7 @@ _OPTION = {
     "zero_stage": "--zero-stage", "max_overhead": "--max-overhead", "k": "--k",
     "checkpoint_dtype": "--checkpoint-dtype", "tolerance": "--tolerance", "precision": "--precision",
     "offload_bandwidth": "--offload-bandwidth", "host_memory_bytes": "--host-memory",
+    "mode": "--mode", "max_gap": "--max-gap",
 }
 
 
@@ -162,6 +163,16 @@ def plan_cmd(
         typer.Option(help="optimal with --offload-bandwidth: host memory offloaded activations may "
                      "take (64GiB, ...; default: no limit)"),
     ] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(help="optimal: auto (default), exact, memo (exact, memoised by content), "
+                     "banded or slotted (certified gap), grouped; docs/planner.md"),
+    ] = None,
+    max_gap: Annotated[
+        str | None,
+        typer.Option(help="optimal, banded or slotted: refine until the certified gap to the "
+                     "optimum is at most this (0.01 or 1%; default 1%)"),
+    ] = None,
     gpus: Annotated[int, typer.Option(help="data-parallel GPUs (model states sharded by --zero-stage)")] = 1,
     zero_stage: Annotated[int, typer.Option(help="ZeRO stage 0-3: which model states are sharded")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="print the Plan as JSON")] = False,
@@ -174,6 +185,10 @@ def plan_cmd(
     options: dict = {"k": k} if k is not None else {}
     if max_overhead is not None:
         options["max_overhead"] = parse_fraction(max_overhead, "--max-overhead")
+    if mode is not None:
+        options["mode"] = mode
+    if max_gap is not None:
+        options["max_gap"] = parse_fraction(max_gap, "--max-gap")
     options.update(_offload(offload_bandwidth, host_memory))
     # validated once, here: the same request is sent to a server or planned locally
     request = plan_request_of(prof, strategy=strategy, sizes=_sizes(budget, memory),

@@ -68,6 +68,12 @@ def test_memory_option_subtracts_fixed_bytes(tmp_path):
         (None, ["--strategy", "sqrt", "--k", "2"], "--k: strategy 'sqrt' takes no such option"),
         (None, ["--strategy", "uniform", "--k", "9"], "--k: the segment length must be an integer in 1..4"),
         (None, ["--gpus", "0"], "--gpus: expected an integer from 1"),
+        (None, ["--mode", "fast"], "--mode: expected one of auto, exact, memo, banded, slotted or "
+                                   "grouped, got 'fast'"),
+        (None, ["--max-gap", "tiny"], "--max-gap: expected a fraction or a percentage"),
+        (None, ["--max-gap", "-1%"], "--max-gap: expected a finite fraction from 0 to 10"),
+        (None, ["--strategy", "sqrt", "--mode", "exact"], "--mode: strategy 'sqrt' takes no such option"),
+        (None, ["--budget", "30", "--mode", "banded", "--max-overhead", "0.2"], "--mode: 'banded' needs"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, profile_path, content, args, needle):
@@ -236,3 +242,33 @@ def test_offload_plans_without_torch_or_a_device(profile_path):
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["predicted"]["host_peak_bytes"] == 11
 
+
+
+def test_mode_and_max_gap_reach_the_optimal_planner(tmp_path):
+    """`--mode` and `--max-gap` are the planner's `mode` and `max_gap`: a 300-stage random chain
+    planned banded says its mode and a certified gap within the one asked for, and its frontier
+    asked for banded is banded down to where that mode reaches."""
+    import random
+
+    from tests.planner.chains import chain
+
+    r, L = random.Random(3), 300
+    prof = chain([r.randint(1, 6) for _ in range(L + 1)], [r.randint(1, 6) for _ in range(L)],
+                 [r.randint(1, 6) for _ in range(L)], [r.randint(0, 6) for _ in range(L)])
+    path = tmp_path / "long.json"
+    path.write_text(prof.model_dump_json())
+    store = runner.invoke(app, ["plan", str(path), "--strategy", "store-all", "--json"])
+    budget = str(json.loads(store.stdout)["predicted"]["peak_bytes"] // 4)
+    res = runner.invoke(app, ["plan", str(path), "--budget", budget, "--mode", "banded",
+                              "--max-gap", "0.5%", "--json"])
+    assert res.exit_code == 0, res.output
+    options = json.loads(res.stdout)["options"]
+    assert options["mode"] == "banded" and 0 <= options["optimality_gap"] <= 0.005
+    frontier = runner.invoke(app, ["frontier", str(path), "--mode", "banded", "--points", "3",
+                                   "--json"])
+    assert frontier.exit_code == 0, frontier.output
+    points = json.loads(frontier.stdout)["points"]
+    # banded where its upper run reaches, grouped below it (NOTE [ the frontier's modes ])
+    assert points[-1]["mode"] == "banded" and {p["mode"] for p in points} <= {"banded", "grouped"}
+    assert all(0 <= p["lower_bound_s"] <= p["time_s"] for p in points)
+    assert all(p["optimality_gap"] < 0.01 for p in points if p["mode"] == "banded")

@@ -72,7 +72,7 @@ def test_the_registry_and_the_options_models_agree():
     (dict(options={"exact_max_stages": 0}), "options.exact_max_stages", "positive integer"),
     (dict(options={"max_overhead": -0.1}), "options.max_overhead", "finite fraction"),
     (dict(options={"max_gap": float("inf")}), "options.max_gap", "finite fraction"),
-    (dict(options={"mode": "fast"}), "options.mode", "one of auto, exact, memo, banded, slotted, grouped"),
+    (dict(options={"mode": "fast"}), "options.mode", "one of auto, exact, memo, banded, slotted or grouped, got 'fast'"),
     (dict(checkpoint_dtype="int8"), "checkpoint_dtype", "unknown 'int8'"),
     (dict(tolerance=2.0), "tolerance", "from 0 to 1"),
     (dict(n_gpus=0), "n_gpus", "from 1 to"),
