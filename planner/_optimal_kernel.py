@@ -100,16 +100,12 @@ def _grow3(P, T, C, need):
     return _grow(P, need), _grow(T, need), _grow(C, need)
 
 
-@njit(cache=True, inline="always")  # inlined: a call costs its arrays' reference counts
-def _merge_in_place(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc):
-    """The lower envelope of staircases E and S (ns >= 1) into E itself (room for ne + ns
-    points; F: scratch for as many); returns its length. On exact ties E wins, and times within
-    1e-12 relative count as ties. Only the stretch that S changes is written: E's points below
-    S's first peak stay where they are, and its tail once S is spent and beaten is moved as a
-    block (NOTE [ winners first ]: most merges add a few points to a long envelope)."""
-    i0 = _last_le(Ep, 0, ne, Sp[0] - 1) + 1  # E's points with a peak below S's first: kept
-    i = i0
-    k = 0  # the merged stretch, in F
+@njit(cache=True, inline="always")  # inlined: scalars out, and the loop is each merge's hot part
+def _merged_stretch(Ep, Et, Ec, i, ne, Sp, St, Sc, ns, Op, Ot, Oc, k):
+    """The lower envelope of E from its point i on (E's point i-1 in force before it) and S
+    (ns >= 1), written to O from index k. On exact ties E wins; times within 1e-12 relative are
+    ties. Stops once S is spent and E beats its last value: E's tail from there is the envelope's
+    as it is. Returns (where that tail starts in E, the end of what was written in O)."""
     ea = Et[i - 1] if i > 0 else np.inf
     ec = Ec[i - 1] if i > 0 else 0
     last = ea
@@ -139,11 +135,43 @@ def _merge_in_place(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc):
             v = ea
             c = ec
         if v < last - abs(last) * 1e-12 or (last == np.inf and v < np.inf):
-            Fp[k] = m
-            Ft[k] = v
-            Fc[k] = c
+            Op[k] = m
+            Ot[k] = v
+            Oc[k] = c
             k += 1
             last = v
+    return i, k
+
+
+@njit(cache=True, inline="always")  # inlined: a call costs its arrays' reference counts
+def _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Op, Ot, Oc):
+    """The lower envelope of staircases E and S into O (`_merged_stretch`); returns its length.
+    E's points below S's first peak, and its tail once S is spent and beaten, are block copies."""
+    if ns == 0:
+        Op[:ne] = Ep[:ne]
+        Ot[:ne] = Et[:ne]
+        Oc[:ne] = Ec[:ne]
+        return ne
+    i = _last_le(Ep, 0, ne, Sp[0] - 1) + 1  # E's points with a peak below S's first
+    Op[:i] = Ep[:i]
+    Ot[:i] = Et[:i]
+    Oc[:i] = Ec[:i]
+    i, k = _merged_stretch(Ep, Et, Ec, i, ne, Sp, St, Sc, ns, Op, Ot, Oc, i)
+    n = ne - i
+    Op[k:k + n] = Ep[i:ne]
+    Ot[k:k + n] = Et[i:ne]
+    Oc[k:k + n] = Ec[i:ne]
+    return k + n
+
+
+@njit(cache=True, inline="always")  # inlined: a call costs its arrays' reference counts
+def _merge_in_place(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc):
+    """`_merge_env` of E and S (ns >= 1) into E itself (room for ne + ns points; F: scratch for as
+    many); returns its length. Only the stretch that S changes is written: E's points below S's
+    first peak stay where they are, and its tail once S is spent and beaten is moved as a block
+    (NOTE [ winners first ]: most merges add a few points to a long envelope)."""
+    i0 = _last_le(Ep, 0, ne, Sp[0] - 1) + 1  # E's points with a peak below S's first: kept
+    i, k = _merged_stretch(Ep, Et, Ec, i0, ne, Sp, St, Sc, ns, Fp, Ft, Fc, 0)
     # E = E[:i0] + F[:k] + E[i:ne]: the tail moves from i to i0 + k (ranges may overlap)
     n = ne - i
     to = i0 + k
@@ -391,9 +419,10 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W, H):
         else:
             if ne + ns > Fp.shape[0]:
                 Fp, Ft, Fc = _grow3(Fp, Ft, Fc, ne + ns)
-            if ne + ns > Ep.shape[0]:
-                Ep, Et, Ec = _grow3(Ep, Et, Ec, ne + ns)
-            ne = _merge_in_place(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
+            ne = _merge_env(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
+            Ep, Fp = Fp, Ep
+            Et, Ft = Ft, Et
+            Ec, Fc = Fc, Ec
     # splits at s': F s..s'-1 keeping a_{s'-1}, the right part s'..t, then the left part s..s'-1
     # plain (choice s') or, where it can help, late (choice -s')
     # (FW, FS: each split's forward peak and no-grad forward seconds, MK: tried, by s' - st - 1)

@@ -68,7 +68,7 @@ from memplan.planner._optimal_kernel import (
     _grow3,
     _last_le,
     _listed,
-    _merge_in_place,
+    _merge_env,
     _push,
     _restage,
     _staging,
@@ -277,15 +277,12 @@ def _parts_merged(gP, gT, gC, gN, r0, nparts, lo):
             Ec[:ns] = gC[r0 + p, :ns]
             ne = ns
             continue
-        ne = _merge_in_place(Ep, Et, Ec, ne, gP[r0 + p], gT[r0 + p], gC[r0 + p], ns, Fp, Ft, Fc)
+        ne = _merge_env(Ep, Et, Ec, ne, gP[r0 + p], gT[r0 + p], gC[r0 + p], ns, Fp, Ft, Fc)
+        Ep, Fp = Fp, Ep
+        Et, Ft = Ft, Et
+        Ec, Fc = Fc, Ec
     k = max(0, _last_le(Ep, 0, ne, lo))  # the point in force at lo, as `_subchain` keeps
     return Ep[k:ne], Et[k:ne], Ec[k:ne], ne - k
-
-
-@njit(cache=True)
-def _scratch(n):
-    """Scratch staircase arrays (peaks, times, choices) of n points for `_merge_in_place`."""
-    return np.empty(n, np.int64), np.empty(n, np.float64), np.empty(n, np.int64)
 
 
 @njit(cache=True)
@@ -297,11 +294,9 @@ def _fold_running(Hp, Ht, nh, PP, PT, o, n, add):
     Sc = np.zeros(n, np.int64)
     Op = np.empty(nh + n + 1, np.int64)
     Ot = np.empty(nh + n + 1, np.float64)
-    Oc = np.zeros(nh + n + 1, np.int64)
-    Op[:nh] = Hp[:nh]
-    Ot[:nh] = Ht[:nh]
-    Fp, Ft, Fc = _scratch(nh + n + 1)
-    k = _merge_in_place(Op, Ot, Oc, nh, Sp, St, Sc, n, Fp, Ft, Fc)
+    Oc = np.empty(nh + n + 1, np.int64)
+    Hc = np.zeros(nh + 1, np.int64)
+    k = _merge_env(Hp, Ht, Hc, nh, Sp, St, Sc, n, Op, Ot, Oc)
     return Op, Ot, k
 
 
@@ -328,11 +323,7 @@ def _fold_into(Rp, Rt, Rc, ne, Hp, Ht, nh, shift, sub, floor, cap):
         Ot[:ns] = St[:ns]
         Oc[:ns] = Sc[:ns]
         return Op[:ns], Ot[:ns], Oc[:ns], ns
-    Op[:ne] = Rp[:ne]
-    Ot[:ne] = Rt[:ne]
-    Oc[:ne] = Rc[:ne]
-    Fp, Ft, Fc = _scratch(ne + ns + 1)
-    k = _merge_in_place(Op, Ot, Oc, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
+    k = _merge_env(Rp, Rt, Rc, ne, Sp, St, Sc, ns, Op, Ot, Oc)
     return Op[:k], Ot[:k], Oc[:k], k
 
 

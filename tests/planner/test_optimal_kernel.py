@@ -185,14 +185,14 @@ def _staircase(r, n):
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_merge_in_place_equals_the_reference_envelope(seed):
-    """NOTE [ winners first ]: the envelope merged in place (head kept, tail moved) is the
-    reference DP's lower envelope of both staircases' points (planner/_optimal_dp.py), point for
-    point and choice for choice: on exact ties the envelope's point stays, and times within 1e-12
-    relative are ties."""
+def test_both_merges_equal_the_reference_envelope(seed):
+    """NOTE [ winners first ]: the envelope merged in place (head kept, tail moved) and the one
+    `_merge_env` copies out are both the reference DP's lower envelope of the two staircases'
+    points (planner/_optimal_dp.py), point for point and choice for choice: on exact ties the
+    envelope's point stays, and times within 1e-12 relative are ties."""
     import numpy as np
     from memplan.planner._optimal_dp import _envelope
-    from memplan.planner._optimal_kernel import _merge_in_place
+    from memplan.planner._optimal_kernel import _merge_env, _merge_in_place
 
     r = random.Random(seed)
     ne, ns = r.randint(1, 30), r.randint(1, 8)
@@ -200,9 +200,13 @@ def test_merge_in_place_equals_the_reference_envelope(seed):
     ne = len(E[0])  # a proper envelope: its own near-ties already dropped
     Sp, St, Sc = _staircase(r, ns)
     Sc = Sc + 1000  # on exact ties the envelope's point (a lower choice sorts first) stays
-    want = _envelope(list(zip(*E, strict=True)) + list(zip(Sp, St, Sc, strict=True)), None)
-    got = [np.concatenate([np.asarray(a, d), np.full(ns + 1, -7, d)])
-           for a, d in zip(E, (np.int64, np.float64, np.int64), strict=True)]
-    scratch = [np.empty(ne + ns + 1, a.dtype) for a in got]
+    want = [list(w) for w in _envelope(list(zip(*E, strict=True))
+                                       + list(zip(Sp, St, Sc, strict=True)), None)]
+    E = [np.asarray(a, d) for a, d in zip(E, (np.int64, np.float64, np.int64), strict=True)]
+    copied = [np.empty(ne + ns + 1, a.dtype) for a in E]
+    n = _merge_env(*E, ne, Sp, St, Sc, ns, *copied)
+    assert [c[:n].tolist() for c in copied] == want
+    got = [np.concatenate([a, np.full(ns + 1, -7, a.dtype)]) for a in E]
+    scratch = [np.empty(ne + ns + 1, a.dtype) for a in E]
     m = _merge_in_place(*got, ne, Sp, St, Sc, ns, *scratch)
-    assert [g[:m].tolist() for g in got] == [list(w) for w in want]
+    assert [g[:m].tolist() for g in got] == want
