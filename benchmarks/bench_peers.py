@@ -344,7 +344,7 @@ def median_ci(values: list[float], *, level: float = 0.95, resamples: int = 2000
 def run_family(kind: str, args) -> dict:
     """Every contender on a `kind` model: peaks (bytes) and time ratios to the unplanned step.
     Returns the family's JSON record."""
-    device, dtype = getattr(args, "device", "cpu"), getattr(torch, getattr(args, "dtype", "float32"))
+    device, dtype = args.device, getattr(torch, args.dtype)
     shape = dict(layers=args.layers, width=args.width, seq=args.seq, vocab=args.vocab)
     base = build(kind, **shape, device=device, dtype=dtype)
     batch = make_batch(args.batch, args.seq, args.vocab, device=device)

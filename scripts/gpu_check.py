@@ -529,8 +529,6 @@ def section_peers(models: dict, dev: torch.device, res: _Results, *, dtype: str,
     """Hugging Face GPT-2 against the peers' checkpointing and memplan's installed plans at each
     peer's peak (module docstring, "peers"): one record per contender, its peak (bytes) and its
     step time as a ratio to the unplanned step's."""
-    import argparse as _argparse
-
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -539,7 +537,7 @@ def section_peers(models: dict, dev: torch.device, res: _Results, *, dtype: str,
         return
     bench = _bench_peers()
     for name, shape in models.items():
-        args = _argparse.Namespace(
+        args = argparse.Namespace(
             **shape, rounds=rounds, repeats=3, frontier_points=2, no_compile=dev.type != "cuda",
             no_policies=False, variants=["memplan", "memplan-sel", "memplan-sel-c"],
             device=dev.type, dtype=dtype)
