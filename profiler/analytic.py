@@ -81,7 +81,7 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from memplan.profiler.precision import infer_policy, policy_dtypes, precision_meta
-from memplan.profiler.schema import LayerProfile, Profile, ProfileError
+from memplan.profiler.schema import LayerProfile, Profile, ProfileError, check_optimizer
 from memplan.profiler.transients import conv_transients, gpt_transients
 
 __all__ = [
@@ -330,8 +330,7 @@ def gpt_analytic_profile(
     if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1:
         raise ProfileError(f"cpu_threads: the intra-op threads (torch.get_num_threads()), an integer "
                            f">= 1, got {cpu_threads!r}")
-    if optimizer not in ("adamw", "adam", "sgd", "sgd-momentum", "none"):
-        raise ProfileError(f"optimizer: choose adamw, adam, sgd, sgd-momentum or none, not {optimizer!r}")
+    check_optimizer(optimizer)
     if c["dtype"] not in _ELEMENT:
         raise ProfileError(f"dtype: choose one of {', '.join(_ELEMENT)}, not {c['dtype']!r}")
     B, T, C, H, V, L = (c[k] for k in ("batch_size", "block_size", "n_embd", "n_head", "vocab_size", "n_layer"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from memplan.profiler.schema import check_optimizer
 from memplan.profiler.tensors import unique_buffers, unique_params
 
 __all__ = ["optimizer_state_bytes", "fixed_bytes", "param_dtype", "snapshot_state", "restore_state"]
@@ -16,7 +17,8 @@ def optimizer_state_bytes(params, optimizer: str, device: torch.device) -> int:
     """Bytes the optimizer allocates for `params` once it has stepped (torch.optim's layout):
     AdamW/Adam two moments like each parameter plus a 4-byte step tensor per parameter (kept on
     the CPU unless the parameters are on a GPU, where it is not counted); SGD with momentum one
-    buffer; plain SGD and 'none' nothing."""
+    buffer; plain SGD and 'none' nothing. Raises `ProfileError` for any other name."""
+    check_optimizer(optimizer)
     trainable = [p for p in params if p.requires_grad]
     if optimizer in ("adamw", "adam"):
         moments = sum(2 * p.numel() * p.element_size() for p in trainable)

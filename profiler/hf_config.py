@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memplan.profiler.schema import ProfileError
+from memplan.profiler.schema import ProfileError, check_optimizer
 
 __all__ = ["DecoderShape", "ParamCounts", "decoder_shape", "param_counts", "n_params", "FAMILIES",
            "hf_analytic_profile", "hf_model", "measure_hf_config", "check_split"]
@@ -552,8 +552,7 @@ def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, o
     if attention not in ("sdpa", "eager", "flash"):
         raise ProfileError(f"attention: choose sdpa (flash kernel) or eager, not {attention!r}")
     attention = "sdpa" if attention == "flash" else attention
-    if optimizer not in ("adamw", "adam", "sgd", "sgd-momentum", "none"):
-        raise ProfileError(f"optimizer: choose adamw, adam, sgd, sgd-momentum or none, not {optimizer!r}")
+    check_optimizer(optimizer)
     if not flops_per_s > 0:
         raise ProfileError(f"flops_per_s: must be > 0, got {flops_per_s}")
     check_split(s, seq_len, tp=tp, sp=sp, cp=cp)

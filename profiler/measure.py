@@ -49,7 +49,7 @@ from memplan.profiler.policies import (
     select_policies,
     trace_ops,
 )
-from memplan.profiler.schema import LayerProfile, Profile, ProfileError, SavePolicy
+from memplan.profiler.schema import LayerProfile, Profile, ProfileError, SavePolicy, check_optimizer
 from memplan.profiler.tensors import Seed, stage_input, storage_bytes, storage_sizes, unique_params
 from memplan.profiler.timing import forward_flops, time_chain, time_stage
 
@@ -57,7 +57,6 @@ __all__ = ["profile_chain", "stage_names"]
 
 log = logging.getLogger(__name__)
 
-_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
 _TIMINGS = ("chain", "stage")
 
 
@@ -217,8 +216,7 @@ def _check_options(stages: list, repeats: int, warmup: int, optimizer: str) -> N
         raise ProfileError(f"repeats: must be an integer >= 1, got {repeats!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise ProfileError(f"warmup: must be an integer >= 0, got {warmup!r}")
-    if optimizer not in _OPTIMIZERS:
-        raise ProfileError(f"optimizer: choose one of {', '.join(_OPTIMIZERS)}, not {optimizer!r}")
+    check_optimizer(optimizer)
 
 
 def _policy_names(policies) -> list[str]:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -33,6 +36,8 @@ __all__ = [
     "mincut_budget",
     "Profile",
     "ProfileError",
+    "OPTIMIZERS",
+    "check_optimizer",
     "load_profile",
     "format_validation_error",
 ]
@@ -50,14 +55,37 @@ MAX_BYTES = 2**53
 MAX_PROFILE_BYTES = 2**58
 MAX_SECONDS = 1e9
 
-Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES, description="bytes (at most 2^53)")]
-Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, description="seconds (at most 1e9)")]
+
+
+def _not_bool(v: Any) -> Any:
+    """Refuse true/false where a number is due (pydantic reads them as 1 and 0)."""
+    if isinstance(v, bool):
+        raise ValueError(f"a number, not {str(v).lower()}")
+    return v
+
+
+Bytes = Annotated[int, BeforeValidator(_not_bool),
+                  Field(ge=0, le=MAX_BYTES, description="bytes (at most 2^53)")]
+Seconds = Annotated[float, BeforeValidator(_not_bool),
+                    Field(ge=0.0, le=MAX_SECONDS, description="seconds (at most 1e9)")]
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True)
 
 
 class ProfileError(ValueError):
     """Invalid profile input; the message names the field and says how to fix it."""
+
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")  # the optimizers profiles price
+
+
+def check_optimizer(optimizer: object) -> str:
+    """`optimizer` when it is one of `OPTIMIZERS`; raises `ProfileError` naming the field
+    otherwise (an unknown name priced as no optimizer state would make a step that does not fit
+    "fit")."""
+    if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
+        raise ProfileError(f"optimizer: choose one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
+    return optimizer
 
 
 SAVE_ALL = "all"  # the name of a stage's own record: autograd keeps everything (its base fields)
@@ -313,10 +341,19 @@ def format_validation_error(err: ValidationError, *, what: str) -> str:
     return "; ".join(lines)
 
 
-def load_profile(data: Profile | dict | str | bytes) -> Profile:
-    """A validated `Profile` from a Profile, a dict or JSON text. Raises `ProfileError`."""
+def load_profile(data: Profile | dict | str | bytes | os.PathLike) -> Profile:
+    """A validated `Profile` from a Profile, a dict, JSON text or the path of a JSON file (a
+    `pathlib.Path`). Raises `ProfileError`."""
     if isinstance(data, Profile):
         return data
+    if isinstance(data, os.PathLike):
+        try:
+            data = Path(data).read_bytes()
+        except OSError as err:
+            raise ProfileError(f"profile: cannot read {str(data)!r} ({err.strerror or err})") from None
+    if isinstance(data, str) and not data.lstrip().startswith("{"):
+        raise ProfileError(f"profile: {data[:80]!r} is not a profile's JSON text (an object); to "
+                           "read a file, pass a pathlib.Path")
     try:
         if isinstance(data, (str, bytes)):
             return Profile.model_validate_json(data)
@@ -324,4 +361,5 @@ def load_profile(data: Profile | dict | str | bytes) -> Profile:
             return Profile.model_validate(data)
     except ValidationError as err:
         raise ProfileError(format_validation_error(err, what="profile")) from None
-    raise ProfileError(f"profile: expected a Profile, a dict or JSON text, got {type(data).__name__}")
+    raise ProfileError(f"profile: expected a Profile, a dict, JSON text or a pathlib.Path, got "
+                       f"{type(data).__name__}")

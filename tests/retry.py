@@ -2,8 +2,10 @@
 
 NOTE [ byte tests in the full suite ]
 Exact per-op byte comparisons pass alone every time but, late in the full suite, disagree in
-some runs by 4 bytes to a few KiB, for a cause not yet pinned down (CPU allocation accounting
-counts every thread's allocations; the gap moves between runs of the same code). A real error in
+some runs by 4 bytes to a few KiB, for a cause not yet pinned down (the gap moves between runs of
+the same code). Not other threads: the profiler records only the measuring thread's allocations
+(torch 2.13, checked with a thread allocating throughout a measured step, started before it or
+inside it); not Python's cyclic collector either, which `measure_memory` pauses. A real error in
 the model or the runner repeats on every run; this does not. So such a test is run up to three times
 and fails only when every run fails (the last run's assertion is raised).
 What is known (2026-12-05): one cause of a full activation under save policies was found and

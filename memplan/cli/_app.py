@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 import typer
 
-__all__ = ["app", "user_errors", "read_json", "echo_json", "console"]
+__all__ = ["app", "user_errors", "read_json", "echo_json", "console", "given_options",
+           "check_output_path"]
 
 app = typer.Typer(
     name="memplan",
@@ -51,6 +52,28 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def given_options(ctx: typer.Context, *params: str) -> list[str]:
+    """The flags (`--n-layer`) of those of the command's `params` (their Python names) that the
+    user set on the command line or through the environment, in the order given; defaults do not
+    count. `ctx`: the command's `typer.Context`."""
+    by_name = {p.name: p for p in ctx.command.params}
+    set_by_user = ("COMMANDLINE", "ENVIRONMENT")
+    return [max(by_name[n].opts, key=len) for n in params
+            if getattr(ctx.get_parameter_source(n), "name", None) in set_by_user]
+
+
+def check_output_path(path: Path | None, flag: str) -> None:
+    """Refuse, before any work, an output path (`flag`'s) that cannot be written: in a folder that
+    does not exist, or a folder itself. None (not asked for) passes."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ValueError(f"{flag}: {str(path)!r} is a folder; give a file name")
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag}: the folder {str(path.parent)!r} does not exist; create it or "
+                         "write elsewhere")
+
+
 def read_json(path: Path, *, what: str) -> Any:
     """Parsed JSON from `path`; errors name the file, and the line and column of bad JSON."""
     if str(path) == "-":
@@ -58,7 +81,13 @@ def read_json(path: Path, *, what: str) -> Any:
     else:
         if not path.exists():
             raise ValueError(f"{what}: no such file {str(path)!r}")
-        text = path.read_text()
+        if path.is_dir():
+            raise ValueError(f"{what}: {str(path)!r} is a folder; give a JSON file")
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise ValueError(f"{what}: cannot read {str(path)!r} ({reason})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:

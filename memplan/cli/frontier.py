@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from memplan.cli._app import app, console, echo_json, read_json, user_errors
+from memplan.cli._app import app, check_output_path, console, echo_json, read_json, user_errors
 from memplan.cli._remote import ServerOption, remote
 
 
@@ -57,6 +57,7 @@ def frontier_cmd(
         raise ValueError(f"{flags.get(name, '--' + name)}: {err.reason}") from None
     if plot is not None and plot.suffix.lower() != ".png":
         raise ValueError(f"--plot: {str(plot)!r} should end in .png")
+    check_output_path(plot, "--plot")
     options = request.options.model_dump(exclude_unset=True)
     if server:
         from memplan.planner.frontier import Frontier

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from memplan.cli._app import app, console, echo_json, read_json, user_errors
+from memplan.cli._app import app, check_output_path, console, echo_json, read_json, user_errors
 from memplan.cli._remote import ServerOption, remote
 
 
@@ -190,6 +190,7 @@ def plan_cmd(
     if max_gap is not None:
         options["max_gap"] = parse_fraction(max_gap, "--max-gap")
     options.update(_offload(offload_bandwidth, host_memory))
+    check_output_path(plot, "--plot")
     # validated once, here: the same request is sent to a server or planned locally
     request = plan_request_of(prof, strategy=strategy, sizes=_sizes(budget, memory),
                               options=options, n_gpus=gpus, zero_stage=zero_stage,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from memplan.cli._app import app, console, echo_json, user_errors
+from memplan.cli._app import app, check_output_path, console, echo_json, user_errors
 from memplan.cli._remote import ServerOption, finished_result, remote
 
 
@@ -75,6 +75,7 @@ def profile_cmd(
     server: ServerOption = None,
 ) -> None:
     """Profile a built-in model: per-stage times, bytes and FLOPs (see docs/profiler.md)."""
+    check_output_path(out, "--out")  # before profiling, which may take minutes
     if hf_config is not None:
         prof = _hf_profile(hf_config, analytic=analytic, seq=seq, batch=batch, precision=precision,
                            attention=attention, device=device, optimizer=optimizer,

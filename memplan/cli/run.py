@@ -9,13 +9,14 @@ from typing import Annotated
 
 import typer
 
-from memplan.cli._app import app, console, echo_json, user_errors
+from memplan.cli._app import app, check_output_path, console, echo_json, given_options, user_errors
 from memplan.cli._remote import ServerOption, finished_result, remote
 
 
 @app.command("run")
 @user_errors
 def run_cmd(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option(help="built-in model: gpt or conv")] = "gpt",
     n_layer: Annotated[int, typer.Option(help="GPT blocks (conv: blocks per group)")] = 6,
     d_model: Annotated[int, typer.Option(help="GPT width")] = 128,
@@ -69,6 +70,16 @@ def run_cmd(
     check_offload_options(strategy=strategy, offload_bandwidth=offload.get("offload_bandwidth"),
                           host_memory_bytes=offload.get("host_memory_bytes"), names=_OPTION)
     if hf_config is not None:
+        # the config sets the model, and run_hf_config runs it on the CPU in this process
+        ignored = given_options(ctx, "model", "n_layer", "d_model", "n_head", "vocab", "dropout",
+                                "features", "autocast", "device", "plot", "server")
+        if ignored:
+            raise ValueError(f"{ignored[0]}: not an option with --hf-config (the config sets the "
+                             "model, which runs locally on the CPU; it uses --batch, --seq, --budget, "
+                             "--strategy, --steps, --policies, --compile and the offload options)")
+        for flag, v in (("--batch", batch), ("--seq", seq), ("--steps", steps)):
+            if v < 1:
+                raise ValueError(f"{flag}: an integer >= 1, got {v}")
         _run_hf(hf_config, batch=batch, seq=seq, budget=budget, strategy=strategy, steps=steps,
                 json_out=json_out, policies=policies, compile_blocks=compile_blocks, offload=offload)
         return
@@ -81,6 +92,7 @@ def run_cmd(
                    budget_bytes=parse_bytes(budget, field="--budget") if budget else None,
                    strategy=strategy, features=[f for f in features.split(",") if f.strip()],
                    steps=steps, autocast_dtype=autocast, device=device, **offload)
+    check_output_path(plot, "--plot")  # before the run
     if plot is not None:  # keep the profile and plan the run makes, to measure that plan per op
         if server:
             raise ValueError("--plot: measures a local run; leave out --server")

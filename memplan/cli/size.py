@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from memplan.cli._app import app, console, echo_json, user_errors
+from memplan.cli._app import app, check_output_path, console, echo_json, user_errors
 from memplan.cli._remote import ServerOption, remote
 
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
@@ -281,6 +281,7 @@ def fit_cmd(
 
     if (runs is None) == (dataset is None):
         raise ValueError("RUNS: give a file of runs or --dataset NAME (one of the two)")
+    check_output_path(plot, "--plot")  # before the fit's bootstrap
     if dataset is not None:
         from memplan.data import load_dataset
 

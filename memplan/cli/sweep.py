@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from memplan.cli._app import app, console, echo_json, read_json, user_errors
+from memplan.cli._app import app, check_output_path, console, echo_json, read_json, user_errors
 from memplan.cli._remote import ServerOption, remote
 
 
@@ -35,6 +35,7 @@ def sweep_cmd(
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise ValueError(f"--plot: {str(plot)!r} should end in .png")
+    check_output_path(plot, "--plot")  # before the sweep's runs
     try:
         body = SweepSpec.model_validate(read_json(spec, what="sweep"))
     except ValidationError as err:

@@ -34,6 +34,8 @@ def test_profile_round_trips_through_json():
         (("layers", 0, "bogus"), 1, "layers.0.bogus: unknown field"),
         (("surprise",), 1, "surprise: unknown field"),
         (("layers", 3, "output_bytes"), 1.5, "layers.3.output_bytes"),
+        (("layers", 0, "saved_bytes"), True, "layers.0.saved_bytes: a number, not true"),
+        (("layers", 1, "forward_s"), False, "layers.1.forward_s: a number, not false"),
     ],
 )
 def test_bad_profiles_name_the_field(path, value, needle):
@@ -65,6 +67,18 @@ def test_duplicate_stage_names_are_refused():
 def test_malformed_json_is_a_profile_error():
     with pytest.raises(ProfileError):
         load_profile('{"input_bytes": 1, "layers": [')
+
+
+def test_a_path_loads_and_a_path_as_text_is_named(tmp_path):
+    """A pathlib.Path is read; a file name passed as a string is not taken for JSON text."""
+    f = tmp_path / "p.json"
+    f.write_text(worked_example().model_dump_json())
+    assert load_profile(f) == worked_example()
+    with pytest.raises(ProfileError, match=r"^profile: '.*p.json' is not a profile's JSON text .* "
+                                           r"pass a pathlib.Path$"):
+        load_profile(str(f))
+    with pytest.raises(ProfileError, match=r"^profile: cannot read '.*nope.json' \(No such file"):
+        load_profile(tmp_path / "nope.json")
 
 
 def test_fingerprint_tracks_the_model_not_the_timings():

@@ -250,3 +250,46 @@ def test_cuda_profile_runs(tiny_gpt):
     stages, idx = build_gpt(tiny_gpt(dtype="bfloat16"), device="cuda")
     prof = profile_chain(stages, idx, repeats=1, warmup=1)
     assert prof.device.startswith("cuda") and all(ly.output_bytes > 0 for ly in prof.layers)
+
+
+def test_other_threads_allocations_are_not_counted():
+    """measure_memory counts the measuring thread's allocations only (NOTE [ byte tests in the
+    full suite ] in tests/retry.py): a thread allocating throughout leaves the bytes exact."""
+    import threading
+
+    from memplan.profiler.memory import measure_memory
+
+    stop = threading.Event()
+
+    def allocate():
+        while not stop.is_set():
+            keep = torch.empty(12_345, dtype=torch.uint8)
+            time.sleep(1e-4)
+            del keep
+
+    worker = threading.Thread(target=allocate)
+    worker.start()
+    try:
+        with measure_memory("cpu") as meter:
+            a = torch.empty(1000, dtype=torch.float32)
+            b = torch.empty(500, dtype=torch.float32)
+            time.sleep(0.05)  # the worker allocates meanwhile
+            del b
+    finally:
+        stop.set()
+        worker.join()
+    del a
+    assert (meter.peak_bytes, meter.end_bytes) == (6000, 4000)
+
+
+@pytest.mark.parametrize("name", ["AdamW", "foo", None, 3])
+def test_unknown_optimizer_is_refused_not_priced_as_none(name):
+    """An optimizer name the profiler does not know is refused wherever optimizer state is priced
+    (priced as no state, a step that does not fit would "fit")."""
+    from memplan.profiler.fixed import optimizer_state_bytes
+
+    params = [nn.Parameter(torch.zeros(4))]
+    with pytest.raises(ProfileError, match="^optimizer: choose one of adamw"):
+        optimizer_state_bytes(params, name, torch.device("cpu"))
+    with pytest.raises(ProfileError, match="^optimizer: choose one of adamw"):
+        gpt_analytic_profile(dict(n_layer=2, n_embd=64, n_head=2), optimizer=name)
