@@ -146,14 +146,48 @@ def _no_cache(model: nn.Module, kwargs: dict) -> dict:
     return kwargs
 
 
-def _call(model: nn.Module, inputs: Any) -> Any:
+def _call(model: nn.Module, inputs: Any, *, arg: str = "example_batch") -> Any:
     """The model called as a training loop calls it: a dict as keywords (NOTE [ No KV cache in a
-    training step ]), a tuple or list as positional arguments, anything else as the one argument."""
-    if isinstance(inputs, dict):
-        return model(**_no_cache(model, inputs))
-    if isinstance(inputs, (tuple, list)):
-        return model(*inputs)
-    return model(inputs)
+    training step ]), a tuple or list as positional arguments, anything else as the one argument.
+    A TypeError of the call (most often a batch of the wrong form: (inputs, target) without
+    loss_fn) is an `InstallError` naming `arg` and loss_fn, the original chained."""
+    try:
+        if isinstance(inputs, dict):
+            return model(**_no_cache(model, inputs))
+        if isinstance(inputs, (tuple, list)):
+            return model(*inputs)
+        return model(inputs)
+    except TypeError as err:
+        raise InstallError(f"{arg}: calling the model on it raised TypeError ({err}); {_FORMS}") from err
+
+
+_FORMS = ("a dict batch is passed as keywords, a tuple or list as positional arguments, anything "
+          "else as the one argument; for a model that returns logits give loss_fn=f, "
+          "f(output, target) -> scalar loss, and the batch as (inputs, target)")
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise InstallError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+
+
+def _check_trainable(model: nn.Module, caller: str = "profile_model") -> None:
+    """A training step can run: gradients are enabled and some parameter requires grad."""
+    if not torch.is_grad_enabled():
+        raise InstallError(f"{caller}: called under torch.no_grad() or torch.inference_mode(), where "
+                           "no training step runs; call it where gradients are enabled")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise InstallError(f"model: no parameter requires grad, so a training step computes no "
+                           f"gradient and {caller} has nothing to measure; unfreeze the parameters "
+                           "you train (p.requires_grad_(True))")
+
+
+def _backward(loss: torch.Tensor) -> None:
+    """loss.backward(), refused with a clear line when the loss is not connected to the graph."""
+    if not loss.requires_grad:
+        raise InstallError("loss_fn: the loss does not require grad (it depends on no parameter that "
+                           "requires grad: a detached output, or a loss_fn that returns a constant)")
+    loss.backward()
 
 
 def _split(batch: Any, loss_fn: Callable | None) -> tuple[Any, Any]:
@@ -244,6 +278,9 @@ def find_blocks(model: nn.Module, blocks: str | Sequence[nn.Module] | None = Non
             raise InstallError(f"blocks: {blocks!r} is a {type(container).__name__}, not a non-empty "
                                "nn.ModuleList or nn.Sequential")
         return blocks, list(container)
+    if blocks is not None and not isinstance(blocks, (list, tuple, nn.ModuleList, nn.Sequential)):
+        raise InstallError("blocks: give a dotted path ('model.layers'), a list of the model's own "
+                           f"modules, or None (found); got {type(blocks).__name__}")
     if blocks is not None:
         mods = list(blocks)
         ids = {id(m) for m in model.modules()}
@@ -393,12 +430,25 @@ def profile_model(
     the min-cut policies are offered too.
 
     Returns a `Profile` (seconds, bytes; `meta["apply"]` records the blocks, the batch bytes and
-    whether there is a prefix stage). Raises `InstallError` when the blocks do not form a chain."""
+    whether there is a prefix stage). A plan installed in `model` is set aside while it is measured
+    (NOTE [ Re-planning replaces the plan ]). Raises `InstallError` when the blocks do not form a
+    chain, and on bad input."""
+    _check_model(model)
+    _check_trainable(model)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise InstallError(f"repeats: must be an integer >= 1, got {repeats!r}")
+    with _plan_set_aside(model, replace=False):
+        return _measure_chain(model, example_batch, blocks=blocks, loss_fn=loss_fn, optimizer=optimizer,
+                              repeats=repeats, warmup=warmup, name=name, policies=policies,
+                              compile=compile)
+
+
+def _measure_chain(model: nn.Module, example_batch: Any, *, blocks, loss_fn, optimizer: str,
+                   repeats: int, warmup: int, name: str | None, policies, compile: bool) -> Profile:
+    """`profile_model` of a model with no plan installed."""
     from memplan.profiler.fixed import optimizer_state_bytes
     from memplan.profiler.memory import measure_memory
 
-    if not isinstance(repeats, int) or repeats < 1:
-        raise InstallError(f"repeats: must be an integer >= 1, got {repeats!r}")
     policy_names = _policy_names(policies, compiled=compile)
     label, blist = find_blocks(model, blocks)
     inputs, target = _split(example_batch, loss_fn)
@@ -436,7 +486,7 @@ def profile_model(
                     loss = _loss_of(out, target, loss_fn)
                 meter.mark("loss")
                 owner[0] = None
-                loss.backward()
+                _backward(loss)
                 tap.held = None
                 del out, loss
             if not tap.order_ok or tap.calls != n:
@@ -979,15 +1029,21 @@ class _Installation:
         self.busy = False
         self.stopping = False
         self.warned_shape = False
+        # what `again` rebuilds this installation from (NOTE [ Re-planning replaces the plan ])
+        self._spec = ((model, blocks, has_prefix, plan, profile),
+                      {"policies": policies, "compile": compile, "host_device": host_device})
+        # every check that can refuse the plan runs before the model is touched: a refused plan
+        # leaves no hook and no forward behind
+        self.offload: Offloader | None = None
+        if has_transfers(ops):
+            self.offload = self._offloader(ops, k, host_device)
         self.forwards = _BlockForwards()
         for j, block in enumerate(blocks):
             s = j + 1 + self.off
             if s in self.policies or self.compile:
                 self.forwards.set(block, self._forward_of(j, block, self.policies.get(s)))
         self.handles = [model.register_forward_pre_hook(self._model_pre, with_kwargs=True)]
-        self.offload: Offloader | None = None
-        if has_transfers(ops):
-            self.offload = self._offloader(ops, k, host_device)
+        if self.offload is not None:
             self.handles.append(model.register_forward_hook(self._model_post))
         for j, block in enumerate(blocks):
             self.handles.append(block.register_forward_pre_hook(self._block_pre(j), with_kwargs=True))
@@ -1419,8 +1475,52 @@ class _Installation:
             self._exit()
         self.step = None
 
+    def again(self) -> _Installation:
+        """A fresh installation of the same plan into the same model (after `remove`)."""
+        args, kwargs = self._spec
+        return _Installation(*args, **kwargs)
+
 
 _INSTALLED: weakref.WeakKeyDictionary[nn.Module, _Installation] = weakref.WeakKeyDictionary()
+
+
+# NOTE [ Re-planning replaces the plan ]
+# A model measured or planned while a plan is installed is measured as it was without one: the
+# installation's hooks (and its compiled or policy forwards) would otherwise run inside the
+# profile's own hooks and marks. So `profile_model`, `auto_checkpoint` and `install_plan` first
+# set the installed plan aside (`remove`: every hook and forward it added is gone, the model is
+# exactly as it was):
+# - `auto_checkpoint` and `install_plan` replace it: the new plan is installed as into a fresh
+#   model; when they raise (bad input, nothing fits, a plan refused), the old plan is installed
+#   again (`again`), so a refused call leaves the model as it found it;
+# - `profile_model` installs it again when it returns or raises.
+# Invariant: at most one installation per model, and none while the model is measured.
+
+
+@contextlib.contextmanager
+def _plan_set_aside(model: nn.Module, *, replace: bool):
+    """The model without its installed plan inside the block (NOTE [ Re-planning replaces the
+    plan ]); afterwards the old plan is installed again unless the block returned and `replace`."""
+    old = _INSTALLED.pop(model, None)
+    if old is None:
+        yield
+        return
+    old.remove()
+    log.info("memplan: the installed %s plan is set aside while the model is measured", old.plan.strategy)
+    try:
+        yield
+    except BaseException:
+        _reinstall(model, old)
+        raise
+    if not replace:
+        _reinstall(model, old)
+
+
+def _reinstall(model: nn.Module, old: _Installation) -> None:
+    """`old`'s plan installed in `model` again, unless the block installed another one."""
+    if model in _INSTALLED:
+        return
+    _INSTALLED[model] = old.again()
 
 
 def _side_values(arg_st: list[dict[int, int]], in_st: list[dict[int, int]],
@@ -1455,8 +1555,11 @@ def _model_stages(model: nn.Module, example_batch: Any, blocks, loss_fn) -> Prof
     layers = [LayerProfile(name=nm, kind=kd, forward_s=0, backward_s=0, output_bytes=o, saved_bytes=0)
               for nm, kd, o in zip(names, kinds, outs, strict=True)]
     _param_bytes(model, blist, layers, has_prefix)
+    # a layout, not a measurement: no saved bytes or times (measure_step predicts no store-all
+    # peak from it); call_bytes for the installation's batch-shape warning
     return Profile(input_bytes=sum(batch_st.values()) + side, layers=layers,
-                   meta={"apply": {"blocks": label, "n_blocks": len(blist), "prefix": has_prefix}})
+                   meta={"apply": {"blocks": label, "n_blocks": len(blist), "prefix": has_prefix,
+                                   "call_bytes": sum(_storages(inputs).values()), "layout": True}})
 
 
 def _install(model: nn.Module, plan: Plan, profile: Profile, blocks, *,
@@ -1489,8 +1592,11 @@ def install_plan(model: nn.Module, plan: Plan | dict | str, example_batch: Any, 
     `profile_fingerprint` is not this model's on this batch shape is refused with `InstallError`,
     as is a schedule that cannot be installed (`installable`). A plan that records blocks under
     save policies (`plan.stage_policies`) needs `profile`, the profile it was made from (it holds
-    the policies' recompute lists). `compile`: run each block through `torch.compile` (NOTE
-    [ Compiled blocks ]). Returns the plan."""
+    the policies' recompute lists); without it `measure_step` reports no store-all peak (the
+    plan carries none). `compile`: run each block through `torch.compile` (NOTE [ Compiled
+    blocks ]). A plan already installed in `model` is replaced; when this raises, it stays
+    (NOTE [ Re-planning replaces the plan ]). Returns the plan."""
+    _check_model(model)
     if isinstance(plan, str):
         plan = Plan.model_validate_json(plan)
     elif isinstance(plan, dict):
@@ -1499,6 +1605,16 @@ def install_plan(model: nn.Module, plan: Plan | dict | str, example_batch: Any, 
         raise InstallError(f"plan: expected a Plan, a dict or JSON text, got {type(plan).__name__}")
     if not plan.feasible or not plan.schedule:
         raise InfeasiblePlanError(f"plan: it has no schedule ({plan.message or 'infeasible'})")
+    with _plan_set_aside(model, replace=True):
+        _install_checked(model, plan, example_batch, blocks=blocks, loss_fn=loss_fn, profile=profile,
+                         compile=compile)
+    return plan
+
+
+def _install_checked(model: nn.Module, plan: Plan, example_batch: Any, *, blocks, loss_fn,
+                     profile: Profile | dict | str | None, compile: bool) -> None:
+    """`install_plan` into a model with no plan installed: the plan checked against the model's
+    layout on `example_batch` (and `profile`, when given), then installed."""
     layout = _model_stages(model, example_batch, blocks, loss_fn)
     if plan.profile_fingerprint and plan.profile_fingerprint != layout.fingerprint():
         raise InstallError(
@@ -1516,13 +1632,13 @@ def install_plan(model: nn.Module, plan: Plan | dict | str, example_batch: Any, 
                                f"{layout.fingerprint()}; give the profile the plan was made from")
     # the full profile, when given, is the installation's: measure_step's store-all comparison
     _install(model, plan, prof or layout, blocks, compile=compile)
-    return plan
 
 
 def remove_checkpoint(model: nn.Module) -> Plan | None:
     """Remove the installed plan: every hook the installation added is removed, so the model is
     exactly as it was (no parameter, buffer or attribute was changed). Returns the removed plan,
     or None when none was installed."""
+    _check_model(model)
     inst = _INSTALLED.pop(model, None)
     if inst is None:
         return None
@@ -1532,6 +1648,7 @@ def remove_checkpoint(model: nn.Module) -> Plan | None:
 
 def installed_plan(model: nn.Module) -> Plan | None:
     """The plan installed in `model`, or None."""
+    _check_model(model)
     inst = _INSTALLED.get(model)
     return inst.plan if inst is not None else None
 
@@ -1572,19 +1689,22 @@ def auto_checkpoint(
     `host_memory_bytes`: the optimal plan may also move kept activations to host memory
     (docs/chain-model.md section 10.9; CUDA only: on the CPU the install is refused).
 
+    A plan already installed in `model` is replaced: the model is profiled and planned without it,
+    as a fresh one; when this raises, it stays (NOTE [ Re-planning replaces the plan ]).
+
     Returns the installed `Plan` (predicted seconds and bytes). Raises `InfeasiblePlanError` when
     nothing fits (the message says the least budget that does), `InstallError` on bad input."""
     from memplan.planner import plan as make_plan
     from memplan.planner.units import parse_bytes
 
+    _check_model(model)
+    if profile is None:
+        _check_trainable(model, "auto_checkpoint")
     budget_bytes = parse_bytes(budget, field="budget") if budget is not None else None
     memory_bytes = parse_bytes(memory, field="memory") if memory is not None else None
     if max_overhead is not None and (isinstance(max_overhead, bool) or not isinstance(max_overhead, (int, float))
                                      or max_overhead < 0):
         raise InstallError(f"max_overhead: a fraction >= 0 (0.2 = 20%), got {max_overhead!r}")
-    prof = profile if profile is not None else profile_model(
-        model, example_batch, blocks=blocks, loss_fn=loss_fn, optimizer=optimizer, repeats=repeats,
-        policies=policies, compile=compile)
     options: dict[str, Any] = {}
     if max_overhead is not None:
         options["max_overhead"] = float(max_overhead)
@@ -1592,11 +1712,15 @@ def auto_checkpoint(
         options["offload_bandwidth"] = offload_bandwidth
     if host_memory_bytes is not None:
         options["host_memory_bytes"] = host_memory_bytes
-    plan = make_plan(prof, budget_bytes=budget_bytes, memory_bytes=memory_bytes, strategy=strategy,
-                     **options)
-    if not plan.feasible:
-        raise InfeasiblePlanError(f"budget: {plan.message}")
-    _install(model, plan, prof, blocks, compile=compile)
+    with _plan_set_aside(model, replace=True):
+        prof = profile if profile is not None else profile_model(
+            model, example_batch, blocks=blocks, loss_fn=loss_fn, optimizer=optimizer, repeats=repeats,
+            policies=policies, compile=compile)
+        plan = make_plan(prof, budget_bytes=budget_bytes, memory_bytes=memory_bytes, strategy=strategy,
+                         **options)
+        if not plan.feasible:
+            raise InfeasiblePlanError(f"budget: {plan.message}")
+        _install(model, plan, prof, blocks, compile=compile)
     return plan
 
 
@@ -1633,12 +1757,16 @@ def measure_step(model: nn.Module, batch: Any, *, loss_fn: Callable | None = Non
 
     Returns a `StepMeasurement`: measured activation peak (bytes, the batch included, the gradient
     of tied weights left out as the profile's fixed memory) and step time (seconds) against the
-    installed plan's prediction, with a sentence saying what they mean."""
-    from memplan.planner import plan as make_plan
+    installed plan's prediction, with a sentence saying what they mean. The store-all peak is
+    predicted from the installed plan's profile; a plan installed by `install_plan` without
+    `profile=` has none (its layout holds no saved bytes), and the store-all peak is left out
+    (None) with a sentence saying so."""
     from memplan.profiler.memory import measure_memory
 
-    if not isinstance(time_steps, int) or time_steps < 0:
+    _check_model(model)
+    if isinstance(time_steps, bool) or not isinstance(time_steps, int) or time_steps < 0:
         raise InstallError(f"time_steps: an integer >= 0, got {time_steps!r}")
+    _check_trainable(model, "measure_step")
     inputs, target = _split(batch, loss_fn)
     dev = _device_of(model)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -1655,16 +1783,16 @@ def measure_step(model: nn.Module, batch: Any, *, loss_fn: Callable | None = Non
     for _ in range(time_steps):
         zero()
         t0 = _now(dev)
-        loss = _loss_of(_call(model, inputs), target, loss_fn)
-        loss.backward()
+        loss = _loss_of(_call(model, inputs, arg="batch"), target, loss_fn)
+        _backward(loss)
         seconds.append(_now(dev) - t0)
         loss_v = float(loss.detach())
         del loss
     zero()
     with measure_memory(dev) as meter:
-        loss = _loss_of(_call(model, inputs), target, loss_fn)
+        loss = _loss_of(_call(model, inputs, arg="batch"), target, loss_fn)
         meter.mark("backward")
-        loss.backward()
+        _backward(loss)
         loss_v = float(loss.detach())
         del loss
     tied = _tied_grad_bytes(model)
@@ -1673,12 +1801,7 @@ def measure_step(model: nn.Module, batch: Any, *, loss_fn: Callable | None = Non
     measured = max(fwd.peak_bytes, bwd.peak_bytes - tied) + batch_b
     inst = _INSTALLED.get(model)
     pred = inst.plan.predicted if inst is not None else None
-    store = None
-    if inst is not None and inst.profile is not None:
-        try:
-            store = make_plan(inst.profile, strategy="store-all").predicted.peak_bytes
-        except ValueError:
-            store = None
+    store = _store_all_peak(inst)
     step_s = statistics.median(seconds) if seconds else 0.0
     pk, ts = (pred.peak_bytes, pred.time_s) if pred is not None else (None, None)
     perr = error_pct(measured, pk)
@@ -1688,6 +1811,8 @@ def measure_step(model: nn.Module, batch: Any, *, loss_fn: Callable | None = Non
     else:
         msg = (f"{inst.plan.strategy} plan: activation peak {measured} bytes measured, {pk} predicted "
                f"({perr:+.2f}%)" + (f"; store-all would be {store} bytes" if store else "")
+               + ("; store-all peak unknown (installed without profile=: give install_plan the "
+                  "profile the plan was made from)" if store is None and _is_layout(inst.profile) else "")
                + (f"; step {step_s:.4g} s measured, {ts:.4g} s predicted ({terr:+.1f}%)" if seconds else ""))
         if store and measured >= 0.98 * store:
             msg += ("; the plan saves nothing here: the budget is at or above the store-all peak, "
@@ -1697,3 +1822,23 @@ def measure_step(model: nn.Module, batch: Any, *, loss_fn: Callable | None = Non
         peak_error_pct=perr, measured_step_s=step_s, predicted_step_s=ts, time_error_pct=terr,
         loss=loss_v, strategy=inst.plan.strategy if inst is not None else None, message=msg,
     )
+
+
+def _store_all_peak(inst: _Installation | None) -> int | None:
+    """The store-all activation peak predicted from the installation's profile; None without a
+    measured one: `install_plan` without `profile=` keeps only the model's layout (`_is_layout`),
+    whose saved bytes and temporaries are unknown, and a store-all replay of it would predict
+    little more than the blocks' outputs (a twentieth of a tiny GPT-2's real peak)."""
+    from memplan.planner import plan as make_plan
+
+    if inst is None or inst.profile is None or _is_layout(inst.profile):
+        return None
+    try:
+        return make_plan(inst.profile, strategy="store-all").predicted.peak_bytes
+    except ValueError:
+        return None
+
+
+def _is_layout(profile: Profile) -> bool:
+    """True for `_model_stages`'s layout (sizes of outputs and parameters, nothing measured)."""
+    return bool(profile.meta.get("apply", {}).get("layout"))
