@@ -101,7 +101,7 @@ from memplan.executor.offload import (
 )
 from memplan.executor.report import ExecutorError, InfeasiblePlanError, error_pct
 from memplan.planner.schema import Op, Plan
-from memplan.profiler.schema import LayerProfile, Profile
+from memplan.profiler.schema import LayerProfile, Profile, ProfileError, check_optimizer
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten
@@ -437,6 +437,10 @@ def profile_model(
     _check_trainable(model)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise InstallError(f"repeats: must be an integer >= 1, got {repeats!r}")
+    try:
+        check_optimizer(optimizer)  # before measuring: it is priced only at the end
+    except ProfileError as err:
+        raise InstallError(str(err)) from None
     with _plan_set_aside(model, replace=False):
         return _measure_chain(model, example_batch, blocks=blocks, loss_fn=loss_fn, optimizer=optimizer,
                               repeats=repeats, warmup=warmup, name=name, policies=policies,

@@ -24,7 +24,7 @@ from memplan.executor.apply import (
 )
 from memplan.executor.offload import RUN_CPU_REFUSAL
 
-__all__ = ["HFRun", "hf_model_from_config", "run_hf_config"]
+__all__ = ["HFRun", "hf_config_of", "hf_model_from_config", "run_hf_config"]
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +53,17 @@ class HFRun:
         return asdict(self)
 
 
-def hf_model_from_config(config: str | Path | dict) -> torch.nn.Module:
-    """A causal LM with random weights from a config (a JSON file path or a dict with
-    "model_type"), in fp32 with eager or sdpa attention as the config says. Raises `InstallError`
-    (a missing file, no model_type, transformers not installed)."""
+def hf_config_of(config: str | Path | dict) -> Any:
+    """The transformers config (a `PretrainedConfig`) of a causal LM's config (a JSON file path or
+    a dict with "model_type"), checked before any model is built: a known model_type, a torch
+    dtype, activations transformers has, and two or more layers (the blocks memplan plans).
+    Raises `InstallError` naming the field (a missing file, no model_type, transformers not
+    installed, or one of those)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import transformers
+        from transformers.activations import ACT2FN
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     except ImportError:
         raise InstallError("--hf-config: needs transformers (pip install 'transformers>=4.57,<6')") from None
     if not isinstance(config, dict):
@@ -70,16 +74,46 @@ def hf_model_from_config(config: str | Path | dict) -> torch.nn.Module:
             config = json.loads(path.read_text())
         except ValueError as err:
             raise InstallError(f"--hf-config: {path} is not JSON ({err})") from None
+        if not isinstance(config, dict):
+            raise InstallError(f"--hf-config: {path} holds a JSON {type(config).__name__}, not a "
+                               "config object")
     config = dict(config)
     model_type = config.pop("model_type", None)
     if not model_type:
         raise InstallError("--hf-config: the config has no model_type (e.g. \"gpt2\", \"llama\")")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise InstallError(f"--hf-config: model_type {model_type!r} is not one transformers "
+                           f"{transformers.__version__} knows (e.g. gpt2, llama, mistral, qwen2)")
+    for key in ("torch_dtype", "dtype"):
+        v = config.get(key)
+        if v is not None and not isinstance(v, torch.dtype) and not (
+                isinstance(v, str) and isinstance(getattr(torch, v, None), torch.dtype)):
+            raise InstallError(f"--hf-config: {key} {v!r} is not a torch dtype (e.g. float32, "
+                               "bfloat16); the model is built in float32 either way")
+    for key in ("hidden_act", "activation_function"):
+        v = config.get(key)
+        if v is not None and (not isinstance(v, str) or v not in ACT2FN):
+            raise InstallError(f"--hf-config: {key} {v!r} is not an activation transformers has "
+                               "(e.g. gelu, gelu_new, silu, relu)")
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **config)
-    except (ValueError, KeyError) as err:
+    except (ValueError, KeyError, TypeError) as err:
         raise InstallError(f"--hf-config: model_type {model_type!r}: {err}") from None
+    n_layers = getattr(cfg, "num_hidden_layers", None)
+    if isinstance(n_layers, int) and n_layers < 2:
+        raise InstallError(f"--hf-config: num_hidden_layers is {n_layers}; memplan plans a chain of "
+                           "two or more blocks, so give 2 or more")
     cfg.use_cache = False
-    return transformers.AutoModelForCausalLM.from_config(cfg)
+    return cfg
+
+
+def hf_model_from_config(config: str | Path | dict) -> torch.nn.Module:
+    """A causal LM with random weights from a config (a JSON file path or a dict with
+    "model_type"), in fp32 with eager or sdpa attention as the config says. Raises `InstallError`
+    as `hf_config_of` does."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_config(hf_config_of(config))
 
 
 def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 64,
@@ -103,9 +137,9 @@ def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 
 
     for name, v in (("batch_size", batch_size), ("seq", seq)):
         if not isinstance(v, int) or v < 1:
-            raise InstallError(f"--{name.replace('_', '-')}: an integer >= 1, got {v!r}")
+            raise InstallError(f"{name}: an integer >= 1, got {v!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise InstallError(f"--steps: an integer >= 1, got {steps!r}")
+        raise InstallError(f"steps: an integer >= 1, got {steps!r}")
     torch.manual_seed(seed)
     model = hf_model_from_config(config).train()
     vocab = model.config.vocab_size

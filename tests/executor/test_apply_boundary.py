@@ -293,3 +293,32 @@ def test_a_model_that_is_not_a_module_is_refused():
         with pytest.raises(InstallError) as err:
             call()
         assert _one_line(err).startswith("model: expected a torch.nn.Module, got ")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"model_type": "nope"}, "--hf-config: model_type 'nope' is not one transformers "),
+    ({"torch_dtype": "bogus"}, "--hf-config: torch_dtype 'bogus' is not a torch dtype"),
+    ({"dtype": "float33"}, "--hf-config: dtype 'float33' is not a torch dtype"),
+    ({"hidden_act": "bogus"}, "--hf-config: hidden_act 'bogus' is not an activation"),
+    ({"num_hidden_layers": 1}, "--hf-config: num_hidden_layers is 1; memplan plans a chain of two"),
+])
+def test_a_config_transformers_would_fail_on_is_named_before_building(change, message):
+    """hf_config_of refuses, in one short line naming the field, the configs that failed deep in
+    transformers (AttributeError for a bad dtype, KeyError for an activation, a list of every
+    model type) or that have a single block."""
+    from memplan.executor.install import hf_config_of, hf_model_from_config
+
+    cfg = dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=2, num_key_value_heads=2, vocab_size=64)
+    assert hf_config_of(cfg).num_hidden_layers == 2
+    for build in (hf_config_of, hf_model_from_config):
+        with pytest.raises(InstallError) as err:
+            build({**cfg, **change})
+        assert str(err.value).startswith(message) and "\n" not in str(err.value)
+        assert len(str(err.value)) < 200
+
+
+def test_an_unknown_optimizer_is_refused_before_measuring():
+    model, batch = tiny_lm("gpt2"), lm_batch()
+    with pytest.raises(InstallError, match="^optimizer: choose one of adamw"):
+        profile_model(model, batch, optimizer="AdamW")
