@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from memplan.service.jobs.store import JobStore
@@ -100,15 +101,27 @@ class HeadMiddleware:
         if scope["type"] != "http" or scope["method"] != "HEAD" or not self._get_route(scope):
             await self.app(scope, receive, send)
             return
+        # NOTE [ HEAD ends at the headers ]
+        # HEAD answers as soon as the GET's headers are out: the first body message is replaced by
+        # an empty final one, and a GET that means to stream on (more_body: the SSE stream of an
+        # unfinished job, which polls until the job ends) is cancelled there. Dropping its chunks
+        # while it ran on held the keep-alive connection for the job's whole life.
+        with anyio.CancelScope() as scope_of_get:
+            ended = False
 
-        async def headers_only(message: dict) -> None:
-            if message["type"] == "http.response.body":
-                if message.get("more_body"):
+            async def headers_only(message: dict) -> None:
+                nonlocal ended
+                if message["type"] != "http.response.body":
+                    await send(message)
                     return
-                message = {"type": "http.response.body", "body": b""}
-            await send(message)
+                if ended:
+                    return
+                ended = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if message.get("more_body"):
+                    scope_of_get.cancel()
 
-        await self.app({**scope, "method": "GET"}, receive, headers_only)
+            await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

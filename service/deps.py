@@ -16,7 +16,7 @@ from memplan.service.problems import ProblemError
 from memplan.service.settings import Settings
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["SettingsDep", "StoreDep", "require_api_key", "ApiKeyDep", "json_body", "body_openapi",
+__all__ = ["SettingsDep", "StoreDep", "require_api_key", "ApiKeyDep", "json_body", "check_json_content_type", "body_openapi",
            "JobId", "IdempotencyKey", "PreferWait"]
 
 M = TypeVar("M", bound=BaseModel)
@@ -91,17 +91,24 @@ def _parse_float(text: str) -> float | int:
     return int(value) if math.isfinite(value) and value.is_integer() else value
 
 
+def check_json_content_type(request: Request) -> None:
+    """415 unless the request's Content-Type is JSON (absent: JSON). Every JSON body is checked by
+    it before anything answers from the body: the plan cache too (NOTE [ The plan cache ] in
+    routers/plans.py)."""
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if ctype and ctype not in _JSON_TYPES and not ctype.endswith("+json"):
+        raise ProblemError(
+            415, f"Content-Type: {ctype!r} is not JSON; send application/json", kind="unsupported-media-type"
+        )
+
+
 def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
     """A dependency that parses the request body into `model` strictly: no numbers from strings,
     no booleans from 0/1, no NaN or infinity, no unknown fields. Errors are 422 naming the field;
     a non-JSON content type is 415."""
 
     async def parse(request: Request) -> M:
-        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-        if ctype and ctype not in _JSON_TYPES and not ctype.endswith("+json"):
-            raise ProblemError(
-                415, f"Content-Type: {ctype!r} is not JSON; send application/json", kind="unsupported-media-type"
-            )
+        check_json_content_type(request)
         raw = await request.body()
         try:
             data = json.loads(raw, parse_float=_parse_float)

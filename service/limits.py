@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from memplan.service.problems import PROBLEM_MEDIA_TYPE
+from starlette.requests import ClientDisconnect
 
 __all__ = ["BodyLimitMiddleware"]
+
+log = logging.getLogger(__name__)
 
 
 class BodyLimitMiddleware:
@@ -55,7 +59,19 @@ class BodyLimitMiddleware:
                 state["started"] = True
             await send(message)
 
-        await self.app(scope, counting_receive, guarded_send)
+        try:
+            await self.app(scope, counting_receive, guarded_send)
+        except ClientDisconnect:
+            # NOTE [ A refused body is a quiet 413 ]
+            # After the 413 the app reading the body sees a client that went away (ClientDisconnect,
+            # raised from request.body()). That is the expected end of the request: one log line, no
+            # traceback (it was a 50-line "unhandled error" per request). A client that really went
+            # away mid-body gets no answer and one debug line.
+            if state["rejected"]:
+                log.info("%s %s: 413, body over %d bytes", scope.get("method"), scope.get("path"),
+                         self.max_bytes)
+            else:
+                log.debug("%s %s: the client went away", scope.get("method"), scope.get("path"))
 
     async def _reject(self, scope: dict, send: Any) -> None:
         body = json.dumps(

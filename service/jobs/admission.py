@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,7 @@ from memplan.service.settings import Settings
 from pydantic import BaseModel, ValidationError
 
 __all__ = ["JobEstimate", "AdmissionError", "DECLARED", "MEASURED_MAX_LAYERS", "admit", "estimate",
-           "job_memory_limit", "physical_memory_bytes"]
+           "job_memory_limit", "physical_memory_bytes", "check_device", "check_features"]
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,10 @@ def _gib(n: int) -> str:
     return f"{n:,} bytes ({n / 2**30:.3g} GiB)"
 
 
+# the dtype names a config may give (torch.<name> is a torch.dtype)
+_TORCH_DTYPES = frozenset({"float32", "float", "float16", "half", "bfloat16", "float64", "double"})
+
+
 def _check_hf_run(request: dict[str, Any], cfg: BaseModel, settings: Settings) -> None:
     """The run settings a Hugging Face run (executor.install.run_hf_config) does not take, and a
     model whose fp32 weights, gradients and AdamW state alone (16 bytes a parameter, counted from
@@ -244,10 +249,22 @@ def _check_hf_run(request: dict[str, Any], cfg: BaseModel, settings: Settings) -
     from memplan.profiler.hf_config import decoder_shape, n_params
     from memplan.profiler.schema import ProfileError
 
+    # what the job would fail on only once it builds the model (torch-free checks: this process
+    # does not import torch; an unknown activation or model_type fails the job with one line,
+    # executor.install.hf_config_of)
+    for key in ("torch_dtype", "dtype"):
+        v = cfg.hf_config.get(key)
+        if v is not None and v not in _TORCH_DTYPES:
+            raise AdmissionError(f"body.config.hf_config.{key}", f"{v!r} is not a torch dtype; use "
+                                 "one of " + ", ".join(sorted(_TORCH_DTYPES)) + " or leave it out")
     try:
-        states = 16 * n_params(decoder_shape(cfg.hf_config))
+        shape = decoder_shape(cfg.hf_config)
     except ProfileError:
         return  # the estimate names the field (_hf_profile)
+    if shape.n_layer < 2:
+        raise AdmissionError("body.config.hf_config", f"{shape.n_layer} decoder layer(s); memplan plans a "
+                             "chain of two or more blocks, so give 2 or more")
+    states = 16 * n_params(shape)
     limit = job_memory_limit(settings)
     if limit is not None and states > limit:
         raise AdmissionError("body.config.hf_config", f"the model's fp32 parameters, gradients and AdamW "
@@ -271,6 +288,60 @@ def _check_host_memory(request: dict[str, Any], settings: Settings) -> None:
                          f"where the worker stops the job; give at most {limit:,} bytes", kind="too-large")
 
 
+# NOTE [ Device and features at submission ]
+# A run's or sweep's `device` and `features` are refused here, naming the field, rather than failing
+# every job later (executor.pipeline refuses them only after the model is built):
+# - device: null, "cpu", "cuda" or "cuda:<index>" (what executor.pipeline.run_builtin takes; "cpu:0",
+#   "meta", "tpu" are not). A cuda device is refused when the server is known to have none: its
+#   MEMPLAN_DEVICE is cpu, or its worker probed a CPU (NOTE [ Which job functions are checked ]
+#   does not apply: the device is the server's, whichever function runs the job). With neither
+#   known (no worker has reported yet, or a Ray cluster), it is accepted and the job reports.
+# - features (built-in job functions only): known names (executor.features.check_features), and
+#   on the conv model only "qat" (executor.pipeline builds the other features into the GPT alone).
+_CUDA_DEVICE = re.compile(r"cuda(:[0-9]{1,3})?")
+
+
+def check_device(device: str | None, settings: Settings, worker_device: dict[str, Any] | None, *,
+                 field: str = "body.device") -> None:
+    """Refuse a device a job could not run on (NOTE [ Device and features at submission ]).
+    Raises AdmissionError naming `field`."""
+    if device is None or device == "cpu":
+        return
+    if not _CUDA_DEVICE.fullmatch(device):
+        raise AdmissionError(field, f"unknown device {device!r}; use cpu, cuda or cuda:<index>, or leave "
+                             "it null for the server's device")
+    server = str(settings.device or "")
+    probed = (worker_device or {}).get("kind")
+    if server.startswith("cpu") or (not server and probed == "cpu"):
+        raise AdmissionError(field, f"this server has no CUDA device ({'MEMPLAN_DEVICE=' + server if server else 'its worker probed a CPU'}); "
+                             "use cpu, or leave it null for the server's device", kind="unavailable")
+
+
+def check_features(model: str, features: list[str], *, field: str = "body.features") -> None:
+    """Refuse unknown features, ones that do not go together, and any but qat on the conv model
+    (NOTE [ Device and features at submission ]). Raises AdmissionError naming `field`."""
+    from memplan.executor.features import check_features as known_features
+
+    try:
+        names = known_features(features)
+    except ValueError as err:
+        raise AdmissionError(field, str(err).removeprefix("--features: ")) from None
+    if model == "conv":
+        bad = sorted(set(names) - {"qat"})
+        if bad:
+            raise AdmissionError(field, f"{', '.join(bad)} apply to the GPT model only (the conv model "
+                                 "takes qat); remove them or use model gpt")
+
+
+def _request_features(kind: str, request: dict[str, Any], model_prefix: str) -> tuple[list[str], str]:
+    """A run's `features` (a list) or a sweep cell's `config.features` (comma-separated), and the
+    field that names them."""
+    if kind == "sweep-cell":
+        raw = (request.get("config") or {}).get("features")
+        return (raw.split(",") if isinstance(raw, str) else []), f"{model_prefix}.config.features"
+    return list(request.get("features") or []), "body.features"
+
+
 def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: str,
           worker_device: dict[str, Any] | None = None, model_prefix: str = "body") -> JobEstimate | None:
     """Check a job's request before it is queued: `timeout_s` within `job_timeout_s`; for a
@@ -284,12 +355,17 @@ def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: s
     if asked is not None and asked > settings.job_timeout_s:
         raise AdmissionError(f"{prefix}.timeout_s", f"at most the server's job_timeout_s "
                              f"({settings.job_timeout_s:g} s), got {asked:g}")
+    if kind in ("run", "sweep-cell") and request.get("model") != "hf":  # hf: _check_hf_run
+        check_device(request.get("device"), settings, worker_device)
     declared = DECLARED.get(job_path)
     if declared is None or declared[0] != kind:
         return None
     model = request.get("model", "gpt")
     cfg = _typed_config(declared[1], model, dict(request.get("config") or {}),
                         model_field=f"{model_prefix}.model", config_field=f"{model_prefix}.config")
+    if kind in ("run", "sweep-cell") and model != "hf":
+        features, field = _request_features(kind, request, model_prefix)
+        check_features(model, features, field=field)
     if kind == "run" and model == "hf":
         _check_hf_run(request, cfg, settings)
     if kind == "profile" and request.get("analytic"):

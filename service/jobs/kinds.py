@@ -160,7 +160,9 @@ def profile_job(request: dict[str, Any], ctx: Any) -> Any:
     from memplan.profiler.models import FAMILIES, model_config
 
     model = request.get("model", "gpt")
-    cfg = model_config(model, **(request.get("config") or {}))
+    # the configs' list fields (channels, blocks, exit_layers) are tuples in their dataclasses
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in (request.get("config") or {}).items()}
+    cfg = model_config(model, **fields)
     if request.get("analytic"):
         from memplan.profiler import analytic
 

@@ -35,7 +35,8 @@ __all__ = ["JobList", "submit", "check_admission", "get_or_404", "list_jobs", "c
            "artifact_response", "MAX_WAIT_S", "Submission", "SubmissionDep", "JobPage", "JobPageDep"]
 
 MAX_WAIT_S = 60.0
-_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
+# a number with its exponent: `wait=1e400` is a wait past the limit (60 s), not `wait=1`
+_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)", re.IGNORECASE)
 
 
 class JobList(BaseModel):

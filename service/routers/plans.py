@@ -38,7 +38,13 @@ from memplan.planner.request import (
 from memplan.planner.schema import Plan, PlanError
 from memplan.profiler.schema import Profile, ProfileError
 from memplan.service.compute import ClientLeft, ComputePool
-from memplan.service.deps import SettingsDep, body_openapi, json_body, require_api_key
+from memplan.service.deps import (
+    SettingsDep,
+    body_openapi,
+    check_json_content_type,
+    json_body,
+    require_api_key,
+)
 from memplan.service.problems import (
     FieldError,
     ProblemError,
@@ -179,7 +185,12 @@ def check_stages(profile: Profile, max_stages: int) -> None:
     openapi_extra=body_openapi(PlanRequest),
 )
 async def create_plan(request: Request, settings: SettingsDep) -> Response:
-    # identical bytes, identical plan: answered before parsing (the planner is deterministic)
+    # NOTE [ The plan cache ]
+    # Identical bytes, identical plan: answered before parsing (the planner is deterministic). Only
+    # the parsing is skipped: what is checked of the request itself (the API key, by the router's
+    # dependency; the Content-Type, here) is checked first, so that a body the API refuses (415)
+    # is refused whether or not the same bytes were planned before.
+    check_json_content_type(request)
     key = hashlib.sha256(await request.body()).hexdigest()
     cache = _cache(request, settings.plan_cache_size)
     cached = cache.get(key)

@@ -18,8 +18,7 @@ from memplan.service.jobs.store import Job
 from memplan.service.problems import problem_responses
 from memplan.service.routers import _jobs
 from memplan.service.routers._jobs import JobList
-from memplan.service.routers.plans import OptionValue
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 __all__ = ["router", "ProfileRequest"]
 
@@ -32,10 +31,16 @@ class ProfileRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = Field(default="gpt", min_length=1, max_length=64, description="built-in model family")
-    config: dict[str, OptionValue] = Field(
+    # NOTE [ A profile's config is the model config's to judge ]
+    # Any JSON value here: the family's typed config (service/jobs/configs.py, strict) checks it at
+    # admission and names the field (`body.config.channels.1`). A narrower type here (scalars only)
+    # refused the configs' own list fields (conv channels and blocks, GPT exit_layers) with a dump
+    # of every branch of a union.
+    config: dict[str, JsonValue] = Field(
         default_factory=dict, description="the family's config fields (gpt: GPTConfig's, e.g. n_layer, n_embd, "
-        "n_head, block_size, batch_size, dtype; conv: ConvConfig's), checked at submission against their "
-        "bounds and the job's estimated memory and time against the server's limits: 422 naming the field"
+        "n_head, block_size, batch_size, dtype, exit_layers (a list); conv: ConvConfig's, e.g. channels and "
+        "blocks (lists), image_size), checked at submission against their bounds and the job's estimated "
+        "memory and time against the server's limits: 422 naming the field"
     )
     analytic: bool = Field(default=False, description="derive from shapes instead of measuring")
     dtype: Literal["float32", "bfloat16", "float16"] | None = None

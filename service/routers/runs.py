@@ -10,7 +10,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from memplan.planner.request import MAX_BUDGET_BYTES, MAX_OFFLOAD_BANDWIDTH, check_offload_options
+from memplan.planner.request import (
+    MAX_BUDGET_BYTES,
+    MAX_OFFLOAD_BANDWIDTH,
+    Budget,
+    check_offload_options,
+)
 from memplan.service.deps import (
     JobId,
     SettingsDep,
@@ -49,7 +54,8 @@ class RunRequest(BaseModel):
         "Checked at submission against their bounds (docs/service.md) and the job's estimated memory "
         "and time against the server's limits: 422 naming the field"
     )
-    budget_bytes: int | None = Field(default=None, ge=0, description="activation budget, bytes")
+    budget_bytes: Budget = Field(default=None, description="activation budget, bytes (0..2^60, checked as "
+                                 "POST /v1/plans checks a plan's); null: none")
     strategy: StrategyName | None = Field(default=None, description="null: the planner's default")  # type: ignore[valid-type]
     features: list[Literal["moe", "flash", "qat", "prune", "exit"]] = Field(
         default_factory=list, max_length=5, description="model features to switch on"
@@ -57,7 +63,8 @@ class RunRequest(BaseModel):
     steps: int = Field(default=3, ge=1, le=10_000, description="training steps to run")
     autocast_dtype: Literal["bfloat16", "float16"] | None = None
     device: str | None = Field(
-        default=None, max_length=32, description="'cpu' or 'cuda[:i]'; null: the server's device"
+        default=None, max_length=32, description="'cpu' or 'cuda[:i]' (cuda only on a server with CUDA: "
+        "else a 422 on body.device); null: the server's device"
     )
     timeout_s: float | None = Field(
         default=None, gt=0, le=30 * 86400,

@@ -7,6 +7,7 @@ docstring); `memplan size` calls the same function.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Annotated, Literal
 
@@ -63,10 +64,76 @@ def get_sizing(
     law: Annotated[LawName | None, Query(description="null: the library's default")] = None,
 ) -> Response:
     query = dict(locals())
-    from memplan.planner.scaling import size
-
-    result = call_library(size, prefix="query", **query)
+    result = call_library(_size, query, prefix="query")
     return Response(result.model_dump_json(), media_type="application/json")
+
+
+# NOTE [ Sizing errors name the query's parameters ]
+# The library's sizing errors name its own quantities: `flops` (from target_loss, or params x
+# tokens), `inference_flops` (from inference_tokens), a result model's field when the answer
+# overflows (`InferenceSizing.inference_flops`). A client sent query parameters, so each is named
+# by the parameter it comes from (`_SOURCES`; `flops` by the question's input, `_question`), and
+# an answer that overflows is a 422 naming the inputs the question was asked with. An answer of
+# less than one parameter or one token (compute_flops=1e-300: 7.9e-156 parameters) is refused as
+# params=1e-300 is: sizing below one parameter means nothing.
+_SOURCES = {"inference_flops": "inference_tokens", "total_flops": "inference_tokens",
+            "epochs": "unique_tokens", "effective_tokens": "unique_tokens", "effective_params": "unique_tokens"}
+_QUESTION = ("compute_flops", "target_loss", "params", "tokens")  # what `flops` comes from, in order
+
+
+def _question(query: dict) -> str:
+    """The query parameter the question was asked with (what the library calls `flops`)."""
+    return next((k for k in _QUESTION if query.get(k) is not None), "compute_flops")
+
+
+def _parameter(name: str, query: dict) -> str:
+    """The query parameter behind the library's quantity `name`."""
+    if name in query:
+        return name
+    return _SOURCES.get(name) or _question(query)
+
+
+def _sizing_problem(fields: list[str], message: str, *, kind: str = "invalid-input") -> ProblemError:
+    errors = [FieldError(field=f"query.{f}", message=message) for f in dict.fromkeys(fields)]
+    return ProblemError(422, f"{', '.join(dict.fromkeys(fields))}: {message}", kind=kind, errors=errors)
+
+
+def _size(query: dict):
+    """`memplan.planner.scaling.size(**query)`, its errors naming query parameters (NOTE above)."""
+    from memplan.planner.scaling import ScalingError, size
+    from pydantic import ValidationError
+
+    given = [k for k, v in query.items() if v is not None and k in (*_QUESTION, "inference_tokens", "unique_tokens")]
+    try:
+        result = size(**query)
+    except ValidationError as err:  # the answer is out of float's range
+        first = err.errors(include_url=False)[0] if err.errors() else {}
+        name = str((first.get("loc") or ("",))[0])
+        fields = [_parameter(name, query)] if name in _SOURCES else given
+        raise _sizing_problem(fields, f"too small or too large to size (the answer's {name or 'value'} "
+                              "over- or underflows floating point); use realistic values",
+                              kind="out-of-range") from None
+    except ScalingError as err:
+        head, sep, rest = str(err).partition(": ")
+        names = [n.strip() for n in head.split(",")] if sep else []
+        if not names or not all(n.isidentifier() for n in names) or all(n in query for n in names):
+            raise
+        implied = ", ".join(n for n in names if n not in query)
+        raise _sizing_problem([_parameter(n, query) for n in names],
+                              f"{rest} (the {implied} this query implies); use realistic values") from None
+    _check_at_least_one(result, query)
+    return result
+
+
+def _check_at_least_one(result, query: dict) -> None:
+    """Refuse an answer of less than one parameter or one token (NOTE above)."""
+    asked = _question(query)
+    fix = "ask for a lower target_loss" if asked == "target_loss" else f"ask for a larger {asked}"
+    for what in ("params", "tokens"):
+        value = getattr(result, what, None)
+        if isinstance(value, float) and value < 1:
+            raise _sizing_problem([asked], f"{query[asked]:g} sizes a model of {value:.3g} {what}, less "
+                                  f"than one; {fix}")
 
 
 class RunPoint(BaseModel):
@@ -110,8 +177,6 @@ async def post_fit(
     request: Request, settings: SettingsDep,
     body: Annotated[FitRequest, Depends(json_body(FitRequest))],
 ) -> Response:
-    from memplan.planner import scaling
-
     rows = []
     for r in body.runs:
         row = r.model_dump(exclude_none=True)
@@ -127,9 +192,29 @@ async def post_fit(
     # in a planning process, under the plan limits (NOTE [ Plans in the API process ]): a fit of
     # many runs with many resamples takes minutes
     fit = partial(
-        call_library, scaling.fit_law, method=body.method, alpha_equals_beta=body.alpha_equals_beta,
+        call_library, _fit_law, method=body.method, alpha_equals_beta=body.alpha_equals_beta,
         fixed_E=body.fixed_E, bootstrap=body.bootstrap, seed=body.seed, confidence=body.confidence,
         flops=body.flops or None, prefix="body",
     )
     result = await run_bounded(request, settings, fit, rows, in_process=True)
     return Response(result.model_dump_json(), media_type="application/json")
+
+
+def _fit_law(rows: list[dict], *, flops: list[float] | None = None, **options):
+    """`memplan.planner.scaling.fit_law`; a prediction at FLOPs so far outside the runs' that it
+    over- or underflows (flops 1e-300: `FitPrediction.extrapolation` infinite) is a ValueError naming
+    `flops.<k>` (call_library: `body.flops.<k>`), not the library's result model."""
+    from memplan.planner.scaling import fit_law
+    from pydantic import ValidationError
+
+    try:
+        return fit_law(rows, flops=flops, **options)
+    except ValidationError as err:
+        if err.title != "FitPrediction" or not flops:
+            raise
+        run_flops = [r.get("flops") or 6 * r["params"] * r["tokens"] for r in rows]
+        lo, hi = min(run_flops), max(run_flops)
+        k = next((k for k, c in enumerate(flops) if not math.isfinite(max(c / hi, lo / c))), 0)
+        raise ValueError(f"flops.{k}: {flops[k]:g} FLOPs is too far outside the runs' {lo:.3g}..{hi:.3g} "
+                         "FLOPs to predict at; ask within their range or a few orders of magnitude "
+                         "of it") from None

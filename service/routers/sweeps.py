@@ -9,6 +9,7 @@ system of record): its request and its cells' job ids. Its state is derived from
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import tempfile
 import time
@@ -18,13 +19,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse, Response
+from memplan.executor.report import ExecutorError
 from memplan.executor.sweep import SweepReport, SweepSpec
+from memplan.planner.request import Budget
 from memplan.service.deps import SettingsDep, StoreDep, body_openapi, json_body, require_api_key
 from memplan.service.jobs.store import TERMINAL_STATES, JobState, JobStore, QueueFull
-from memplan.service.problems import ProblemError, call_library, problem_responses
+from memplan.service.problems import FieldError, ProblemError, call_library, problem_responses
 from memplan.service.routers._jobs import check_admission
 from memplan.service.settings import Settings
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 __all__ = ["router", "Sweep"]
 
@@ -47,8 +50,9 @@ class Sweep(BaseModel):
     """A sweep: its cells' progress and, once every cell has finished, the gathered report."""
 
     id: str
-    state: JobState = Field(description="queued, running, or (all cells finished) succeeded; "
-                            "cancelled when any cell was cancelled")
+    state: JobState = Field(description="queued, running, or once every cell has finished: cancelled "
+                            "when any cell was cancelled, else failed when every cell failed, else "
+                            "succeeded (`cells` and the report's `failed` count the failed ones)")
     created_at: float
     n_cells: int
     finished: int
@@ -78,6 +82,22 @@ def _load(store: JobStore, sweep_id: str) -> sqlite3.Row:
     return row
 
 
+def _finished_state(counts: dict[str, int], n_cells: int) -> JobState:
+    """The state of a sweep whose cells have all finished, from the cells per state.
+
+    NOTE [ A finished sweep's state ]
+    A sweep takes the job states (docs/service.md, Sweeps). Once every cell has finished it is
+    `cancelled` when any cell was cancelled (it was cut short), else `failed` when every cell
+    failed (there is nothing to report but errors), else `succeeded`: a sweep with some failed
+    cells succeeded as a sweep, and says which failed in `cells` (per state) and in its report
+    (`failed`, each cell's `state` and `error`). An infeasible budget is a succeeded cell."""
+    if counts.get("cancelled"):
+        return JobState.cancelled
+    if n_cells and counts.get("failed", 0) == n_cells:
+        return JobState.failed
+    return JobState.succeeded
+
+
 def _view(store: JobStore, row: sqlite3.Row) -> Sweep:
     from memplan.executor.sweep import gather
 
@@ -92,7 +112,7 @@ def _view(store: JobStore, row: sqlite3.Row) -> Sweep:
     progress = sum(1.0 if (j is None or j.state in TERMINAL_STATES) else j.progress for j in jobs)
     report = None
     if finished == len(jobs):
-        state = JobState.cancelled if counts.get("cancelled") else JobState.succeeded
+        state = _finished_state(counts, len(jobs))
         outcomes = [
             (j.state.value, j.result, (j.error.detail if j.error else None)) if j else
             ("failed", None, "the cell's job is missing from the store") for j in jobs
@@ -108,6 +128,35 @@ def _view(store: JobStore, row: sqlite3.Row) -> Sweep:
         request=json.loads(row["request"]), report=report,
         plot_url=f"/v1/sweeps/{row['id']}/plot.png" if report is not None else None,
     )
+
+
+_BUDGETS = TypeAdapter(Budget)
+_INDEX = re.compile(r"\[([0-9]+)\]")
+
+
+def _check_budgets(body: SweepSpec) -> None:
+    """Each of the sweep's budgets held to the bound POST /v1/plans holds a budget to (0..2^60 bytes,
+    planner.request.Budget), as a 422 naming `body.budgets_bytes.<k>`."""
+    for k, budget in enumerate(body.budgets_bytes):
+        try:
+            _BUDGETS.validate_python(budget)
+        except ValidationError as err:
+            msg = str(err.errors(include_url=False)[0]["msg"]).removeprefix("Value error, ")
+            msg += "; use null for no limit"
+            field = f"body.budgets_bytes.{k}"
+            raise ProblemError(422, f"{field}: {msg}", kind="validation",
+                               errors=[FieldError(field=field, message=msg)]) from None
+
+
+def _cells(body: SweepSpec) -> list[dict[str, Any]]:
+    """executor.sweep.cells, its refusal of the spec ('models[0].config.features: ...') naming the
+    field as the rest of the API does ('models.0.config.features'; call_library adds `body.`)."""
+    from memplan.executor.sweep import cells
+
+    try:
+        return cells(body)
+    except ExecutorError as err:
+        raise ValueError(_INDEX.sub(r".\1", str(err))) from None
 
 
 def _admit_cells(body: SweepSpec, reqs: list[dict[str, Any]], store: JobStore, settings: Settings) -> None:
@@ -137,9 +186,8 @@ def create_sweep(
     store: StoreDep,
     settings: SettingsDep,
 ) -> JSONResponse:
-    from memplan.executor.sweep import cells
-
-    reqs = call_library(cells, body)
+    _check_budgets(body)
+    reqs = call_library(_cells, body)
     _admit_cells(body, reqs, store, settings)
     sweep_id = uuid.uuid4().hex
 

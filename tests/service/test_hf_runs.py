@@ -51,6 +51,10 @@ def _refused(request: dict, settings: Settings | None = None) -> AdmissionError:
     ({"config": {"hf_config": GPT2}, "features": ["moe"]}, "body.features"),
     ({"config": {"hf_config": GPT2}, "autocast_dtype": "bfloat16"}, "body.autocast_dtype"),
     ({"config": {"hf_config": GPT2}, "device": "cuda"}, "body.device"),
+    ({"config": {"hf_config": {**GPT2, "torch_dtype": "bogus"}}}, "body.config.hf_config.torch_dtype"),
+    ({"config": {"hf_config": {**LLAMA, "dtype": "float33"}}}, "body.config.hf_config.dtype"),
+    ({"config": {"hf_config": {**GPT2, "n_layer": 1}}}, "body.config.hf_config"),  # one block
+    ({"config": {"hf_config": {**LLAMA, "num_hidden_layers": 1}}}, "body.config.hf_config"),
 ])
 def test_bad_hf_run_configs_are_refused_naming_the_field(request_, field):
     err = _refused({"model": "hf", **request_})

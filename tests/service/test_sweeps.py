@@ -47,9 +47,9 @@ def test_sweep_measured_on_the_local_worker(client):
 
 
 @pytest.mark.parametrize(("patch", "field"), [
-    ({"strategies": ["fastest"]}, "strategies[0]: unknown 'fastest'"),
-    ({"precisions": ["bf16"]}, "precisions[0]: 'bf16' can be planned but not run"),
-    ({"models": [{"config": {"n_layers": 3}}]}, "models[0].config.n_layers: not a model setting"),
+    ({"strategies": ["fastest"]}, "strategies.0: unknown 'fastest'"),
+    ({"precisions": ["bf16"]}, "precisions.0: 'bf16' can be planned but not run"),
+    ({"models": [{"config": {"n_layers": 3}}]}, "models.0.config.n_layers: not a model setting"),
     ({"budgets_bytes": [None] * 64, "strategies": ["optimal", "uniform", "sqrt", "store-all", "heuristic"]},
      "cells, more than 256"),
 ])
