@@ -493,9 +493,17 @@ def hf_analytic_profile(
     except ValidationError as err:  # a size beyond the profile's ceilings (NOTE [ ceilings ])
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
+        # the model alone is to blame when one token of one sequence is over the ceilings too
+        try:
+            _hf_analytic_profile(config, seq_len=cp * (tp if sp else 1), batch_size=1,
+                                 precision=precision, attention=attention, optimizer=optimizer,
+                                 flops_per_s=flops_per_s, device=device, name=name, tp=tp, sp=sp, cp=cp)
+            field, fix = "seq_len, batch_size", "a smaller batch or sequence"
+        except (ValidationError, ProfileError):
+            field, fix = "config", "a smaller model (hidden_size, intermediate_size, layers, vocabulary)"
         raise ProfileError(
-            f"seq_len, batch_size: the profile's {where} exceeds memplan's ceilings ({first['msg']}; "
-            "NOTE [ ceilings ] in profiler/schema.py); give a smaller model, batch or sequence") from None
+            f"{field}: the profile's {where} exceeds memplan's ceilings ({first['msg']}; "
+            f"NOTE [ ceilings ] in profiler/schema.py); give {fix}") from None
 
 
 def check_split(s: DecoderShape, seq_len: int, *, tp: int = 1, sp: bool = False, cp: int = 1) -> None:

@@ -231,6 +231,11 @@ def _gib(n: int) -> str:
 _TORCH_DTYPES = frozenset({"float32", "float", "float16", "half", "bfloat16", "float64", "double"})
 
 
+def _secs(s: float) -> str:
+    """Seconds for a message: whole above 100, else three significant figures (never '0')."""
+    return f"{s:,.0f}" if s >= 100 else f"{s:.3g}"
+
+
 def _check_hf_run(request: dict[str, Any], cfg: BaseModel, settings: Settings) -> None:
     """The run settings a Hugging Face run (executor.install.run_hf_config) does not take, and a
     model whose fp32 weights, gradients and AdamW state alone (16 bytes a parameter, counted from
@@ -398,7 +403,7 @@ def admit(kind: str, request: dict[str, Any], settings: Settings, *, job_path: s
         if field.startswith("body.config"):
             field = model_prefix + field.removeprefix("body")
         raise AdmissionError(
-            field, f"the job needs at least {est.time_s:,.0f} s at "
+            field, f"the job needs at least {_secs(est.time_s)} s at "
             f"{settings.job_gpu_flops_per_s if est.device.startswith('cuda') else settings.job_cpu_flops_per_s:.3g}"
             f" FLOP/s, over its time limit of {est.time_limit_s:g} s (timeout_s or MEMPLAN_JOB_TIMEOUT_S); "
             "ask for fewer repeats or steps, or a smaller model", kind="too-long")

@@ -87,8 +87,14 @@ def test_devices_and_bad_input_name_the_field():
     with pytest.raises(PlanError, match="precision"):
         capacity({"config": LLAMA7B, "memory_bytes": 10**9, "precision": "fp8"})
     huge = {**json.loads((CONFIGS / "tiny-llama.json").read_text()), "vocab_size": 2**45}
-    with pytest.raises(ValueError, match="^seq_len, batch_size: the profile's .*ceilings"):
+    with pytest.raises(ValueError, match="^config: the profile's .*ceilings.*a smaller model"):
         capacity({"config": huge, "memory_bytes": 2**60})  # one line, naming what to shrink
+    # the model fits the ceilings at one token: the batch and sequence are named
+    from memplan.profiler.hf_config import hf_analytic_profile
+
+    with pytest.raises(ValueError, match="^seq_len, batch_size: the profile's .*ceilings.*smaller batch"):
+        hf_analytic_profile(json.loads((CONFIGS / "tiny-llama.json").read_text()), seq_len=2**22,
+                            batch_size=2**30)
     # searches pass through sizes beyond the ceilings: they do not fit
     tiny = json.loads((CONFIGS / "tiny-llama.json").read_text())
     a = capacity({"config": tiny, "memory_bytes": 2**60, "seq_len": 2**22, "micro_batch": 2**16,

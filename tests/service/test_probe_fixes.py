@@ -219,3 +219,19 @@ def test_prefer_wait_reads_the_whole_number(prefer, wait_s):
     from memplan.service.routers._jobs import _wait_s
 
     assert _wait_s(prefer) == wait_s
+
+
+def test_a_time_limit_below_the_estimate_says_how_long_the_job_needs(tmp_path):
+    """The estimate in the refusal has significant figures, never '0 s', however short the limit."""
+    request = {"model": "gpt", "config": TINY, "steps": 1, "timeout_s": 1e-9}
+    with pytest.raises(AdmissionError) as err:
+        admit("run", request, Settings(data_dir=tmp_path), job_path=RUN_JOB)
+    needs = err.value.message.split("needs at least ")[1].split(" s at ")[0]
+    assert err.value.kind == "too-long" and float(needs.replace(",", "")) > 0, err.value.message
+
+
+def test_capacity_names_the_config_when_the_model_alone_is_too_large(client):
+    llama = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 10**12, "vocab_size": 128,
+             "num_attention_heads": 4, "intermediate_size": 10**12}
+    r = client.post("/v1/capacity", json={"config": llama, "memory_bytes": 10**9, "seq_len": 64})
+    assert r.status_code == 422 and _fields(r) == ["body.config"], r.text
