@@ -127,7 +127,7 @@ def test_plan_cli_plot(tmp_path):
                                  "--plot", str(bad)])
     assert r.exit_code == 1 and not bad.exists()
     r = CliRunner().invoke(app, ["plan", str(src), "--strategy", "sqrt", "--plot", str(tmp_path / "no" / "t.png")])
-    assert r.exit_code == 2 and "path: the folder" in r.stderr and r.stderr.count("\n") == 1
+    assert r.exit_code == 2 and "--plot: the folder" in r.stderr and r.stderr.count("\n") == 1
 
 
 @pytest.mark.slow
