@@ -264,7 +264,7 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
 
     Raises PlanError or ProfileError naming the field on bad input (a config memplan cannot
     profile, an unknown device or policy, no memory given)."""
-    from memplan.planner.precision import get_policy
+    from memplan.planner.precision import get_policy, with_optimizer
     from memplan.planner.sharding import sharded_fixed_bytes
     from pydantic import ValidationError
 
@@ -309,7 +309,8 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
         prof = ask.profile(B, T, name, n, p_w)
         unit = max(ly.param_bytes for ly in prof.layers) // _POLICY_P[name]  # elements
         return sharded_fixed_bytes(prof.meta["fixed"]["n_params"], n_gpus=lay.shard_group,
-                                   zero_stage=req.zero_stage, policy=name, gathered_params=unit).fixed_bytes
+                                   zero_stage=req.zero_stage, policy=with_optimizer(name, req.optimizer),
+                                   gathered_params=unit).fixed_bytes
 
     states = states_of(pol)
     buffers = prof_w.meta["parallel"]["comm_buffer_bytes"]
@@ -359,7 +360,7 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
             _, p = ask.worst(B, T, n, name)
             _, s_all = ask.worst(B, T, n, name, "store-all")
             rows.append(PolicyRow(
-                precision=name, bytes_per_param=get_policy(name).bytes_per_param,
+                precision=name, bytes_per_param=with_optimizer(name, req.optimizer).bytes_per_param,
                 model_state_bytes=states_of(name),
                 store_all_activation_bytes=s_all.predicted.peak_bytes if s_all.predicted
                 else _store_all_peak(ask, B, T, n, name),

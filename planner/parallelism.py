@@ -163,7 +163,7 @@ def rank_profile(shape, lay: ParallelLayout, p: int, *, B: int, T: int, precisio
     shards them over dp x cp) plus its communication buffers (NOTE [ Communication buffers ]).
     Returns a Profile whose meta["parallel"] records the layout, the rank and what was scaled."""
     from memplan.planner.pipeline_parallel import in_flight_interleaved
-    from memplan.planner.precision import get_policy
+    from memplan.planner.precision import get_policy, with_optimizer
     from memplan.profiler.hf_config import hf_analytic_profile
 
     base = hf_analytic_profile(shape, seq_len=T, batch_size=B, precision=precision, attention=attention,
@@ -186,8 +186,7 @@ def rank_profile(shape, lay: ParallelLayout, p: int, *, B: int, T: int, precisio
     hidden = base.layers[0].output_bytes  # one micro-batch's activation between ranks
     buffers = comm_buffer_bytes(lay, zero_stage=zero_stage, hidden_bytes=hidden, unit_params=unit,
                                 weight_bytes=pol.weight_bytes, grad_bytes=pol.grad_bytes, p=p)
-    opt = {"adamw": n * pol.optimizer_bytes, "adam": n * pol.optimizer_bytes,
-           "sgd-momentum": n * pol.weight_bytes}.get(optimizer, 0)
+    opt = n * with_optimizer(pol, optimizer).optimizer_bytes
     fixed = {**base.meta["fixed"], "param_bytes": n * pol.weight_bytes, "grad_bytes": n * pol.grad_bytes,
              "optimizer_bytes": opt, "buffer_bytes": sum(buffers.values()), "n_params": n}
     fixed["total_bytes"] = fixed["param_bytes"] + fixed["grad_bytes"] + opt + fixed["buffer_bytes"]

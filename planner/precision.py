@@ -9,12 +9,12 @@ torch.optim.AdamW keeps its moments in the parameter's dtype, which fixes the pu
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from memplan.planner.schema import PlanError
 
-__all__ = ["PrecisionPolicy", "POLICIES", "get_policy", "fixed_bytes", "profile_policy",
-           "check_profile_policy"]
+__all__ = ["PrecisionPolicy", "POLICIES", "get_policy", "with_optimizer", "profile_optimizer",
+           "fixed_bytes", "profile_policy", "check_profile_policy"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,42 @@ POLICIES: dict[str, PrecisionPolicy] = {
                         "16-bit weights and gradients, fp32 master + Adam moments (ZeRO's K = 12)"),
     )
 }
+
+
+# Optimizer state per parameter (bytes) under each policy, by optimizer (NOTE [ optimizer state by
+# policy ]): torch.optim keeps AdamW's two moments and SGD's momentum buffer in the parameter's
+# dtype, so fp32-weight policies hold 4 bytes a buffer and pure bf16 2; zero-mixed's 16-bit
+# weights need an fp32 master copy (4) whatever the optimizer steps, and fp32 buffers beside it.
+# The "adamw" column is each policy's own `optimizer_bytes`.
+_STATE_BYTES = {
+    "fp32": {"adamw": 8, "adam": 8, "sgd-momentum": 4, "sgd": 0, "none": 0},
+    "bf16-mixed": {"adamw": 8, "adam": 8, "sgd-momentum": 4, "sgd": 0, "none": 0},
+    "fp16-mixed": {"adamw": 8, "adam": 8, "sgd-momentum": 4, "sgd": 0, "none": 0},
+    "bf16": {"adamw": 4, "adam": 4, "sgd-momentum": 2, "sgd": 0, "none": 0},
+    "zero-mixed": {"adamw": 12, "adam": 12, "sgd-momentum": 8, "sgd": 4, "none": 0},
+}
+
+
+def with_optimizer(policy: str | PrecisionPolicy, optimizer: str = "adamw") -> PrecisionPolicy:
+    """`policy` with the optimizer state `optimizer` keeps (adamw, adam, sgd-momentum, sgd, none):
+    its `optimizer_bytes` per parameter replaced, the rest as it is. A policy not in `POLICIES`
+    (a profile's measured bytes) is returned unchanged. Raises PlanError for an unknown optimizer."""
+    pol = policy if isinstance(policy, PrecisionPolicy) else get_policy(policy)
+    table = _STATE_BYTES.get(pol.name)
+    if optimizer not in _STATE_BYTES["fp32"]:
+        raise PlanError(f"optimizer: choose one of {', '.join(_STATE_BYTES['fp32'])}, not {optimizer!r}")
+    if table is None:
+        return pol
+    return replace(pol, optimizer_bytes=table[optimizer])
+
+
+def profile_optimizer(profile) -> str:
+    """The optimizer `profile` priced its state for (its `meta["optimizer"]`, or its precision
+    record's); "adamw" when it does not say (profiles from before the record)."""
+    meta = profile.meta if isinstance(profile.meta, dict) else {}
+    rec = meta.get("precision") if isinstance(meta.get("precision"), dict) else {}
+    name = meta.get("optimizer") or rec.get("optimizer") or "adamw"
+    return name if name in _STATE_BYTES["fp32"] else "adamw"
 
 
 def get_policy(name: str) -> PrecisionPolicy:

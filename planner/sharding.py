@@ -15,7 +15,7 @@ at a time (transient, `gathered_params`), which the plan's activations sit besid
 
 from __future__ import annotations
 
-from memplan.planner.precision import PrecisionPolicy, get_policy
+from memplan.planner.precision import PrecisionPolicy, get_policy, profile_optimizer, with_optimizer
 from memplan.planner.schema import PlanError
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -95,7 +95,8 @@ def shard_profile(
     rest of the profile's fixed bytes (buffers, a tied weight's pending gradient, AdamW's per-tensor
     step counters) is kept as measured on every GPU. `policy`: None keeps the bytes per parameter
     the profile was measured with (its `meta.fixed` breakdown, e.g. fp32 AdamW = 4 + 4 + 8);
-    a name prices the states by that precision policy instead. `gathered_params` (stage 3): the
+    a name prices the states by that precision policy instead, for the profile's optimizer
+    (`meta["optimizer"]`; AdamW when it does not say). `gathered_params` (stage 3): the
     largest unit gathered at once; default the largest stage's parameters.
     Raises PlanError when the profile has no parameter count (`meta.fixed.n_params`)."""
     from memplan.profiler.schema import load_profile
@@ -116,8 +117,8 @@ def shard_profile(
         per = [(b // n if n else 0) for b in (w, g, o - steps)]
         pol = PrecisionPolicy(f"measured ({prof.dtype})", *per, prof.dtype, prof.dtype, False,
                               "bytes per parameter as profiled")
-    else:
-        pol = policy if isinstance(policy, PrecisionPolicy) else get_policy(policy)
+    else:  # the policy's bytes for the optimizer the profile priced (SGD keeps no moments)
+        pol = with_optimizer(policy, profile_optimizer(prof))
     other = prof.fixed_bytes - (w + g + o) + steps  # buffers, pending tied gradients, step counters
     if gathered_params is None:
         per_elem = (w // n) if n else 0

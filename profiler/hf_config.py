@@ -603,12 +603,11 @@ def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, o
     head_saved += 4 * N * Vl + 8 * N + 4
     layers.append(stage("head", "head", 2 * N * C * Vl, 4, head_saved, 4 * N * Vl + c * N * Vl,
                         4 * N * Vl + c * N * Vl, r_head))
-    from memplan.planner.precision import get_policy
+    from memplan.planner.precision import with_optimizer
 
-    pol = get_policy(precision)
+    pol = with_optimizer(precision, optimizer)
     n = r_embed + sum(r_layers) + r_head  # this rank's parameters (all of them when tp = 1)
-    opt = {"adamw": n * pol.optimizer_bytes, "adam": n * pol.optimizer_bytes,
-           "sgd-momentum": n * pol.weight_bytes}.get(optimizer, 0)
+    opt = n * pol.optimizer_bytes
     if optimizer in ("adamw", "adam") and device.startswith("cpu"):
         opt += 4 * counts.tensors  # AdamW's step counters: a 4-byte CPU tensor per parameter
     fixed = {"param_bytes": n * pol.weight_bytes, "grad_bytes": n * pol.grad_bytes,

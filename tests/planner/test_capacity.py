@@ -26,6 +26,23 @@ def test_llama2_7b_does_not_fit_one_80gb_gpu():
     assert "model states alone" in a.message
 
 
+@pytest.mark.parametrize(("optimizer", "per_param"), [
+    ("adamw", 16), ("adam", 16), ("sgd-momentum", 12), ("sgd", 8), ("none", 8)])
+def test_the_optimizer_prices_the_model_states(optimizer, per_param):
+    """fp32 weights and gradients (4 + 4 bytes) plus the optimizer's buffers: AdamW two moments
+    (8), SGD with momentum one (4), plain SGD none. Llama-2-7B's states under plain SGD (8 x 6.74e9
+    = 53.9 GB) fit one 80 GB GPU, AdamW's (107.8 GB) do not; `plan --precision` of a profile made
+    for SGD prices SGD too, as the same plan without it does."""
+    n = 6_738_415_616
+    a = capacity({"config": LLAMA7B, "memory_bytes": 80 * 10**9, "precision": "fp32", "seq_len": 1024,
+                  "optimizer": optimizer, "policies": False})
+    assert a.model_state_bytes == per_param * n and a.fits == (per_param == 8)
+    prof = hf_analytic_profile(LLAMA7B, seq_len=1024, batch_size=1, precision="fp32", optimizer=optimizer)
+    for kw in ({}, {"n_gpus": 8, "zero_stage": 1}):
+        without = plan(prof, memory_bytes=80 * 10**9, **kw)
+        assert plan(prof, memory_bytes=80 * 10**9, precision="fp32", **kw).budget_bytes == without.budget_bytes
+
+
 def test_llama2_7b_fits_8_gpus_at_zero3_and_the_boundaries_are_exact():
     base = {"config": LLAMA7B, "memory_bytes": 80 * 10**9, "seq_len": 4096, "precision": "bf16-mixed",
             "n_gpus": 8, "zero_stage": 3, "max_overhead": 0.3, "policies": False}
