@@ -241,6 +241,12 @@ def simulate_cmd(
     ops = raw.get("schedule") if isinstance(raw, dict) else raw
     if ops is None:
         raise ValueError("schedule: the JSON object has no 'schedule' field (give a Plan or a list)")
+    made_for = raw.get("profile_fingerprint") if isinstance(raw, dict) else None
+    if made_for and made_for != prof.fingerprint():  # as memplan run and install_plan refuse it
+        raise ValueError(f"schedule: the plan was made for another model (profile_fingerprint "
+                         f"{made_for}, this profile's is {prof.fingerprint()}); replay it over the "
+                         "profile it was made from, or give its 'schedule' list alone to replay "
+                         "the ops over any profile")
     policies = raw.get("stage_policies") if isinstance(raw, dict) else None
     if policies is not None and not isinstance(policies, dict):
         raise ValueError("stage_policies: expected an object {stage: policy name}")

@@ -92,6 +92,25 @@ def test_missing_file_is_named():
     assert res.exit_code == 2 and "no such file '/nonexistent/p.json'" in res.stderr
 
 
+def test_simulate_refuses_a_plan_made_for_another_model(tmp_path, profile_path):
+    """A Plan carries its profile's fingerprint: replayed over another model's profile (same stage
+    count, other sizes) it is refused in one line; its schedule list alone replays anywhere."""
+    plan_json = tmp_path / "p.json"
+    res = runner.invoke(app, ["plan", str(profile_path), "--strategy", "sqrt", "--json"])
+    plan_json.write_text(res.stdout)
+    other = tmp_path / "other.json"
+    data = json.loads(profile_path.read_text())
+    data["layers"][0]["output_bytes"] += 1
+    other.write_text(json.dumps(data))
+    assert runner.invoke(app, ["simulate", str(profile_path), str(plan_json)]).exit_code == 0
+    res = runner.invoke(app, ["simulate", str(other), str(plan_json)])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.output
+    assert res.stderr.startswith("error: schedule: the plan was made for another model")
+    ops = tmp_path / "ops.json"
+    ops.write_text(json.dumps(json.loads(plan_json.read_text())["schedule"]))
+    assert runner.invoke(app, ["simulate", str(other), str(ops)]).exit_code == 0
+
+
 def test_simulate_reports_validity(tmp_path, profile_path):
     sched = tmp_path / "s.json"
     sched.write_text(json.dumps([["R", 1], ["R", 2], ["R", 3], ["R", 4], ["loss"], ["drop", 4],
@@ -136,7 +155,12 @@ def test_byte_units():
     assert parse_bytes("1.5e9") == 1_500_000_000
     assert parse_bytes(" 512 MiB ") == 512 * 2**20
     assert parse_bytes(7) == 7
-    for bad in ("-1", "12 parsecs", "", "nan"):
+    # exact past a float's 53 bits: what is typed is what is planned (and what a refusal quotes)
+    assert parse_bytes("9007199254740993") == 2**53 + 1
+    assert parse_bytes("1152921504606846977") == 2**60 + 1
+    assert parse_bytes("9223372036854775807") == 2**63 - 1
+    assert parse_bytes("1EiB") == 2**60 and parse_bytes("1PiB") == 2**50 and parse_bytes("2PB") == 2 * 10**15
+    for bad in ("-1", "12 parsecs", "", "nan", "1e400"):
         with pytest.raises(ValueError, match="budget"):
             parse_bytes(bad)
     assert format_bytes(1536) == "1.50 KiB" and format_bytes(12) == "12 B"
