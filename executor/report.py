@@ -56,7 +56,9 @@ class StepRecord(BaseModel):
     step: int = Field(ge=1)
     loss: float
     reference_loss: float | None = None
-    schedule_s: float = Field(ge=0, description="seconds running the schedule (no optimizer step)")
+    schedule_s: float | None = Field(default=None, ge=0, description="seconds running the schedule (no "
+                                     "optimizer step); None for the step whose memory is measured "
+                                     "(the profiler's accounting slows it), which is not timed")
     grad_max_abs_diff: float | None = None
     grad_max_rel_diff: float | None = None
 
@@ -95,7 +97,9 @@ class RunReport(BaseModel):
     measured_peak_bytes: int = Field(ge=0, description="largest bytes allocated above fixed memory")
     peak_error_pct: float | None = None
     predicted_time_s: float | None = Field(default=None, ge=0)
-    measured_time_s: float = Field(ge=0, description="median schedule seconds over the timed steps")
+    measured_time_s: float | None = Field(ge=0, description="median schedule seconds over the timed "
+                                          "steps; None when no step was timed (steps=1: the one step "
+                                          "measures memory)")
     time_error_pct: float | None = None
     predicted_overhead: float | None = Field(default=None, ge=0)
     measured_fixed_bytes: int = Field(

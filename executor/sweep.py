@@ -286,7 +286,8 @@ def _judge(report, req: dict[str, Any]) -> dict[str, Any]:
              if report.predicted_time_s and report.measured_time_s else None)
     judged = time_tol is not None and (req.get("profile") != "analytic" or req.get("flops_per_s"))
     if judged and (report.time_error_pct is None or abs(report.time_error_pct) > float(time_tol)):
-        problems.append(f"time {report.measured_time_s:.4g} s measured, {report.predicted_time_s:.4g} s "
+        measured = "not" if report.measured_time_s is None else f"{report.measured_time_s:.4g} s"
+        problems.append(f"time {measured} measured, {report.predicted_time_s:.4g} s "
                         f"predicted ({_pct(report.time_error_pct)}; tolerance {float(time_tol):g}%)")
     message = "; ".join(problems) or (
         f"{report.message}; peak {_pct(report.peak_error_pct)}"

@@ -116,7 +116,7 @@ def run_cmd(
             print_report(report)
     else:
         try:
-            with _planner_options():
+            with _planner_options(), _run_options():
                 if json_out:
                     report, _, _ = run_builtin(spec)
                 else:
@@ -148,6 +148,25 @@ def _planner_options() -> Iterator[None]:
         yield
     except PlanError as err:
         raise ValueError(f"{_option_name(err.field)}: {err.reason}") from None
+
+
+# the built-in run's fields (executor.pipeline.RunSpec, the model configs) -> this command's options
+_RUN_OPTION = {"steps": "--steps", "n_layer": "--n-layer", "n_embd": "--d-model", "n_head": "--n-head",
+               "block_size": "--seq", "vocab_size": "--vocab", "batch_size": "--batch",
+               "dropout": "--dropout"}
+
+
+@contextlib.contextmanager
+def _run_options() -> Iterator[None]:
+    """A ValueError that names a run field (`n_embd: ...`) names this command's option instead
+    (`--d-model: ...`), as the user typed it."""
+    try:
+        yield
+    except ValueError as err:
+        field, sep, rest = str(err).partition(": ")
+        if not sep or field not in _RUN_OPTION:
+            raise
+        raise ValueError(f"{_RUN_OPTION[field]}: {rest}") from None
 
 
 def _run_hf(path: Path, *, batch: int, seq: int, budget: str | None, strategy: str, steps: int,
@@ -219,7 +238,8 @@ def print_report(report) -> None:
     t.add_row("peak activations", format_bytes(report.predicted_peak_bytes),
               format_bytes(report.measured_peak_bytes), pct(report.peak_error_pct))
     t.add_row("step time", f"{report.predicted_time_s * 1e3:.2f} ms" if report.predicted_time_s is not None else "-",
-              f"{report.measured_time_s * 1e3:.2f} ms", pct(report.time_error_pct))
+              f"{report.measured_time_s * 1e3:.2f} ms" if report.measured_time_s is not None else "-",
+              pct(report.time_error_pct))
     t.add_row("fixed (params, grads, optimizer)", format_bytes(report.predicted_fixed_bytes),
               format_bytes(report.measured_fixed_bytes), "")
     out.print(t)

@@ -27,9 +27,29 @@ def test_run_at_a_budget_nothing_meets_is_infeasible_exit_1(strategy):
     (["--budget", "lots"], "--budget: cannot read 'lots' as a size"),
     (["--budget", "-1"], "--budget: must be non-negative (at least 0 bytes), got '-1'"),
     (["--strategy", "fastest"], "--strategy"),
+    (["--d-model", "0"], "--d-model: must be a positive integer, got 0"),
+    (["--seq", "0"], "--seq: must be a positive integer, got 0"),
+    (["--batch", "0"], "--batch: must be a positive integer, got 0"),
+    (["--n-head", "3", "--d-model", "32"], "--n-head: n_embd (32) must be divisible by n_head (3)"),
+    (["--steps", "0"], "--steps: expected an integer of at least 1, got 0"),
 ])
 def test_run_bad_input_exit_2(args, message):
     res = runner.invoke(app, ["run", *TINY, *args])
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+def test_one_step_is_not_timed_and_says_so():
+    """With --steps 1 the one step measures memory (the accounting slows it): its time is not
+    measured, so the report says none (null, "-") rather than 0 s."""
+    import json
+
+    res = runner.invoke(app, ["run", *TINY, "--strategy", "sqrt", "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["measured_time_s"] is None and report["time_error_pct"] is None
+    assert [r["schedule_s"] for r in report["step_records"]] == [None]
+    res = runner.invoke(app, ["run", *TINY[:-1], "3", "--strategy", "sqrt", "--json"])
+    report = json.loads(res.stdout)
+    assert report["measured_time_s"] > 0 and report["step_records"][-1]["schedule_s"] is None
