@@ -264,7 +264,7 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
 
     Raises PlanError or ProfileError naming the field on bad input (a config memplan cannot
     profile, an unknown device or policy, no memory given)."""
-    from memplan.planner.precision import get_policy, with_optimizer
+    from memplan.planner.precision import with_optimizer
     from memplan.planner.sharding import sharded_fixed_bytes
     from pydantic import ValidationError
 
@@ -280,7 +280,11 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
     memory = req.memory_bytes or (preset.memory_bytes if preset else None)
     if memory is None:
         raise PlanError("memory_bytes: give the memory of one GPU (e.g. 80GB) or a device preset")
-    get_policy(req.precision)
+    from memplan.profiler.precision import POLICY_DTYPES
+
+    if req.precision not in POLICY_DTYPES:  # the policies a profile is made under
+        raise PlanError(f"precision: choose one of {', '.join(POLICY_DTYPES)}, not {req.precision!r} "
+                        "(the policies a training step is profiled under)")
     if req.attention not in ("sdpa", "eager", "flash"):
         raise PlanError(f"attention: choose sdpa or eager, not {req.attention!r}")
     peak = req.peak_flops or (preset.peak_bf16_flops if preset else 1e15)

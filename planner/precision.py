@@ -141,8 +141,16 @@ def check_profile_policy(profile, precision: str) -> PrecisionPolicy:
     """The policy `precision`, after checking `profile` was made under it. Returns the policy;
     raises PlanError (field `precision`) naming both policies and the fix when they differ. A
     profile that records no policy is checked by its compute dtype alone."""
+    from memplan.profiler.precision import POLICY_DTYPES
+
     pol = get_policy(precision)
     made = profile_policy(profile)
+    if pol.name not in POLICY_DTYPES:
+        raise PlanError(
+            f"precision: {pol.name} prices model states only (planner.sharding.sharded_fixed_bytes) "
+            f"and no profile is made under it; plan with one of {', '.join(POLICY_DTYPES)}"
+            + (f" (this profile's: {made})" if made else "")
+        )
     if made is not None and made != pol.name:
         raise PlanError(
             f"precision: the profile was made under {made}, the plan asks for {pol.name}; "

@@ -103,12 +103,19 @@ def test_devices_and_bad_input_name_the_field():
         capacity({"config": LLAMA7B, "memory_bytes": 10**9, "seq_len": 0})
     with pytest.raises(PlanError, match="precision"):
         capacity({"config": LLAMA7B, "memory_bytes": 10**9, "precision": "fp8"})
+    # zero-mixed prices states only: refused naming the policies a step is profiled under, and
+    # plan --precision zero-mixed does not send the user to a profile that cannot be made
+    with pytest.raises(PlanError, match=r"^precision: choose one of fp32, bf16-mixed, fp16-mixed, bf16, "
+                                        r"not 'zero-mixed'"):
+        capacity({"config": LLAMA7B, "memory_bytes": 10**9, "precision": "zero-mixed"})
+    prof = hf_analytic_profile(LLAMA7B, seq_len=256, batch_size=1, precision="fp32")
+    with pytest.raises(PlanError, match=r"^precision: zero-mixed prices model states only .* plan with "
+                                        r"one of fp32, bf16-mixed, fp16-mixed, bf16 \(this profile's: fp32\)"):
+        plan(prof, memory_bytes=80 * 10**9, n_gpus=8, zero_stage=3, precision="zero-mixed")
     huge = {**json.loads((CONFIGS / "tiny-llama.json").read_text()), "vocab_size": 2**45}
     with pytest.raises(ValueError, match="^config: the profile's .*ceilings.*a smaller model"):
         capacity({"config": huge, "memory_bytes": 2**60})  # one line, naming what to shrink
     # the model fits the ceilings at one token: the batch and sequence are named
-    from memplan.profiler.hf_config import hf_analytic_profile
-
     with pytest.raises(ValueError, match="^seq_len, batch_size: the profile's .*ceilings.*smaller batch"):
         hf_analytic_profile(json.loads((CONFIGS / "tiny-llama.json").read_text()), seq_len=2**22,
                             batch_size=2**30)
