@@ -147,11 +147,13 @@ def comm_buffer_bytes(lay: ParallelLayout, *, zero_stage: int, hidden_bytes: int
     pipeline receive buffers (`hidden_bytes` each: one micro-batch's activation), and under ZeRO-2/3
     with dp > 1 the largest unit's (`unit_params` elements) unsharded gradients (`grad_bytes` an
     element) and ZeRO-3's prefetched second unit (`weight_bytes` an element)."""
+    from memplan.planner.sharding import dp_buffer_bytes
+
     out = {"pipeline": 0, "data_parallel": 0}
     if lay.pp > 1:
         out["pipeline"] = hidden_bytes * ((p > 0) + (p < lay.pp - 1))
-    if lay.shard_group > 1 and zero_stage >= 2:
-        out["data_parallel"] = unit_params * grad_bytes + (unit_params * weight_bytes if zero_stage == 3 else 0)
+    out["data_parallel"] = dp_buffer_bytes(unit_params, n_gpus=lay.shard_group, zero_stage=zero_stage,
+                                           weight_bytes=weight_bytes, grad_bytes=grad_bytes)
     return out
 
 

@@ -145,11 +145,11 @@ def check_profile_policy(profile, precision: str) -> PrecisionPolicy:
 
     pol = get_policy(precision)
     made = profile_policy(profile)
-    if pol.name not in POLICY_DTYPES:
-        raise PlanError(
-            f"precision: {pol.name} prices model states only (planner.sharding.sharded_fixed_bytes) "
-            f"and no profile is made under it; plan with one of {', '.join(POLICY_DTYPES)}"
-            + (f" (this profile's: {made})" if made else "")
+    if made is not None and made != pol.name and pol.name not in POLICY_DTYPES:
+        raise PlanError(  # no profile is made under a states-only policy: do not send the user there
+            f"precision: the profile was made under {made}; {pol.name} prices model states only and "
+            f"is planned on a {pol.compute_dtype} profile that records no policy (an analytic "
+            f"profile with dtype {pol.compute_dtype}); plan with --precision {made}"
         )
     if made is not None and made != pol.name:
         raise PlanError(

@@ -19,7 +19,7 @@ from memplan.planner.precision import PrecisionPolicy, get_policy, profile_optim
 from memplan.planner.schema import PlanError
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ShardedMemory", "sharded_fixed_bytes", "shard_profile", "ZERO_STAGES"]
+__all__ = ["ShardedMemory", "sharded_fixed_bytes", "dp_buffer_bytes", "shard_profile", "ZERO_STAGES"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -79,6 +79,17 @@ def sharded_fixed_bytes(
     )
 
 
+def dp_buffer_bytes(unit_params: int, *, n_gpus: int, zero_stage: int, weight_bytes: int,
+                    grad_bytes: int) -> int:
+    """Bytes of data-parallel communication buffers (NOTE [ Communication buffers ] item 4 in
+    planner/parallelism.py): with more than one GPU, ZeRO-2 and 3 hold the largest unit's
+    (`unit_params` elements) unsharded gradients until its reduce-scatter, and ZeRO-3 a second
+    gathered unit (the prefetch); ZeRO 0-1 none (gradients are views into DDP's buckets)."""
+    if n_gpus <= 1 or zero_stage < 2:
+        return 0
+    return unit_params * grad_bytes + (unit_params * weight_bytes if zero_stage == 3 else 0)
+
+
 def shard_profile(
     profile,
     *,
@@ -126,9 +137,17 @@ def shard_profile(
         gathered_params = gathered_params // per_elem if per_elem else 0
     mem = sharded_fixed_bytes(n, n_gpus=n_gpus, zero_stage=zero_stage, policy=pol,
                               gathered_params=gathered_params)
+    # a pipeline rank's profile (planner.parallelism.rank_profile) has its buffers in its fixed
+    # bytes already (kept in `other`); any other profile gets the data-parallel ones here, as
+    # memplan capacity counts them
+    buffers = 0 if "parallel" in prof.meta else dp_buffer_bytes(
+        gathered_params, n_gpus=n_gpus, zero_stage=zero_stage, weight_bytes=pol.weight_bytes,
+        grad_bytes=pol.grad_bytes)
     meta = {**prof.meta, "sharding": {**mem.model_dump(), "other_fixed_bytes": max(0, other),
+                                      "comm_buffer_bytes": buffers,
                                       "unsharded_fixed_bytes": prof.fixed_bytes}}
-    return prof.model_copy(update={"fixed_bytes": mem.fixed_bytes + max(0, other), "meta": meta})
+    return prof.model_copy(update={"fixed_bytes": mem.fixed_bytes + max(0, other) + buffers,
+                                   "meta": meta})
 
 
 def over_memory_plan(profile, memory_bytes: int, *, strategy: str, options: dict | None = None):

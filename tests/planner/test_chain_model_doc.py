@@ -388,8 +388,8 @@ def test_sharded_fixed_bytes_table():
         mem = shard.meta["sharding"]
         assert mem["other_fixed_bytes"] == 108
         assert [mem["weight_bytes"], mem["grad_bytes"], mem["optimizer_bytes"],
-                mem["gathered_bytes"], shard.fixed_bytes] == [
-            _num(r[k]) for k in ("weights", "gradients", "optimizer", "gathered", "F per GPU")]
+                mem["gathered_bytes"], mem["comm_buffer_bytes"], shard.fixed_bytes] == [
+            _num(r[k]) for k in ("weights", "gradients", "optimizer", "gathered", "buffers", "F per GPU")]
         p = plan(prof, strategy="store-all", n_gpus=4, zero_stage=z)
         assert p.predicted.peak_bytes == 31
         assert p.predicted.total_peak_bytes == _num(r["total peak (store-all)"])
