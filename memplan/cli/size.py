@@ -25,6 +25,8 @@ def parse_count(text: str | None, *, field: str) -> float | None:
     if not m:
         raise ValueError(f"{field}: cannot read {text!r} as a number; write e.g. 5.76e23, 70B or 1.4T")
     value = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
+    if value == float("inf"):
+        raise ValueError(f"{field}: {text!r} is past a float's range; give a finite number")
     if value <= 0:
         raise ValueError(f"{field}: must be greater than 0, got {text}")
     return value
@@ -87,6 +89,15 @@ def _print_sizing(s) -> None:
         out.print(f"[yellow]warning:[/yellow] {w}")
     for note in getattr(s, "notes", []):
         out.print(f"note: {note}")
+
+
+def _named(text: str) -> str:
+    """`text` with the library's field names as this command's options: identifiers (with an
+    underscore) wherever they stand, plain words (params, device, ...) only as a field (`device:`),
+    so that prose ("bytes per device") stays prose."""
+    names = "|".join(_OPTION)
+    return re.sub(r"\b(" + names + r")\b(?=:)|\b(" + "|".join(k for k in _OPTION if "_" in k) + r")\b",
+                  lambda m: _OPTION[m.group(1) or m.group(2)], text)
 
 
 # library (and API) names -> `memplan size` options, for error messages
@@ -194,6 +205,8 @@ def size_cmd(
         if stray:
             raise ValueError(f"{stray[0]}: only with --memory (memory-aware sizing); give "
                              "--memory too, or leave it out")
+    if peak_tflops is not None and not 0 < peak_tflops < float("inf"):  # in TFLOP/s, as typed
+        raise ValueError(f"--peak-tflops: must be above 0 TFLOP/s and finite, got {peak_tflops:g}")
     if peak_tflops is not None and device is not None:
         raise ValueError("--peak-tflops: give --peak-tflops or --device, not both")
     cap = MEMORY_DEFAULTS["max_overhead"]
@@ -235,8 +248,7 @@ def size_cmd(
         try:
             result = scaling.size(**query, progress=update if memory is not None else None)
         except scaling.ScalingError as err:  # name the CLI's options, not the library's
-            text = re.sub(r"\b(" + "|".join(_OPTION) + r")\b", lambda m: _OPTION[m.group(1)],
-                          str(err))
+            text = _named(str(err))
             if isinstance(err, InfeasibleSizing):  # no model fits: infeasible, exit code 1
                 typer.echo(f"infeasible: {text}", err=True)
                 raise typer.Exit(1) from None

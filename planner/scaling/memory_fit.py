@@ -106,8 +106,11 @@ def memory_fit(
         message = (f"fits: {plan.predicted.overhead:.1%} recompute overhead, "
                    f"{len(plan.checkpoints)} checkpoints")
     elif fixed >= mem:
+        # ZeRO-3 (the default) already shards every state: only more devices or a smaller model help
+        fix = (f"add devices or raise the ZeRO stage (now {zero_stage})" if zero_stage < 3
+               else "add devices, or give a smaller model")
         message = (f"does not fit: the training state alone is {fixed} bytes per device, more "
-                   f"than {mem}; add devices or raise the ZeRO stage")
+                   f"than {mem}; {fix}")
     elif not ok:
         message = (f"does not fit: no {strat} plan fits the {mem - fixed} bytes left for "
                    "activations; shorten the sequence or the micro-batch, or add memory")

@@ -149,6 +149,13 @@ def test_does_7b_fit_on_80_gb():
     a = json.loads(one.stdout)
     assert a["query"] == "fits" and a["fits"] is False and a["params"] == 7e9
     assert a["fixed_bytes_per_device"] > 80 * GB and "state alone" in a["message"]
+    # ZeRO-3 (the default) already shards every state: the fix offered is more devices, not a
+    # higher stage (there is none); below stage 3 raising it is offered too
+    assert a["message"].endswith("add devices, or give a smaller model")
+    from memplan.planner.scaling.memory_fit import memory_fit
+
+    assert memory_fit(7e9, 80 * GB, zero_stage=1).message.endswith(
+        "add devices or raise the ZeRO stage (now 1)")
     eight = runner.invoke(app, ["size", "--memory", "80GB", "--params", "7B", "--devices", "8",
                                 "--json"])
     assert eight.exit_code == 0, eight.output
