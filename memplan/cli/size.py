@@ -92,12 +92,10 @@ def _print_sizing(s) -> None:
 
 
 def _named(text: str) -> str:
-    """`text` with the library's field names as this command's options: identifiers (with an
-    underscore) wherever they stand, plain words (params, device, ...) only as a field (`device:`),
-    so that prose ("bytes per device") stays prose."""
-    names = "|".join(_OPTION)
-    return re.sub(r"\b(" + names + r")\b(?=:)|\b(" + "|".join(k for k in _OPTION if "_" in k) + r")\b",
-                  lambda m: _OPTION[m.group(1) or m.group(2)], text)
+    """`text` with the library's field names as this command's options, except in the prose
+    "per device" and "add devices" (the words, not the options)."""
+    return re.sub(r"(?<!per )(?<!add )\b(" + "|".join(_OPTION) + r")\b", lambda m: _OPTION[m.group(1)],
+                  text)
 
 
 # library (and API) names -> `memplan size` options, for error messages
