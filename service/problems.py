@@ -207,11 +207,13 @@ def library_error(err: Exception, *, prefix: str = "body") -> ProblemError:
     (PlanError), else a message that starts with the field's name ("k: ..."); under `prefix`."""
     msg = str(err)
     field = getattr(err, "field", None)
-    if field is None and ":" in msg:
-        head = msg.split(":", 1)[0].strip()
-        field = head if head and " " not in head else None
-    where = f"{prefix}.{field}" if field else "(request)"
-    return ProblemError(422, msg, kind="invalid-input", errors=[FieldError(field=where, message=msg)])
+    fields = [field] if field else []
+    if field is None and ":" in msg:  # "k: ..." or, for several fields, "k1, k2: ..."
+        names = [n.strip() for n in msg.split(":", 1)[0].split(",")]
+        fields = names if all(n and " " not in n for n in names) else []
+    errors = [FieldError(field=f"{prefix}.{f}", message=msg) for f in fields] or [
+        FieldError(field="(request)", message=msg)]
+    return ProblemError(422, msg, kind="invalid-input", errors=errors)
 
 
 _DESCRIPTIONS = {

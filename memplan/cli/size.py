@@ -93,8 +93,8 @@ def _print_sizing(s) -> None:
 
 def _named(text: str) -> str:
     """`text` with the library's field names as this command's options, except in the prose
-    "per device" and "add devices" (the words, not the options)."""
-    return re.sub(r"(?<!per )(?<!add )\b(" + "|".join(_OPTION) + r")\b", lambda m: _OPTION[m.group(1)],
+    "per device", "add devices" and "training tokens" (the words, not the options)."""
+    return re.sub(r"(?<!per )(?<!add )(?<!training )\b(" + "|".join(_OPTION) + r")\b", lambda m: _OPTION[m.group(1)],
                   text)
 
 

@@ -16,19 +16,30 @@ ignored: a sizing that silently dropped `params` answered another question than 
 The memory-only options (devices, seq_len, micro_batch, strategy, max_overhead, peak_flops,
 device, utilization) count as given when they differ from their defaults (the service always
 passes them); the CLI refuses them when typed at all.
+
+NOTE [ sizing errors name the inputs ]
+The queries' own errors name the quantities they compute: `flops` (from target_loss, or params x
+tokens), `inference_flops` and `total_flops` (from inference_tokens), `epochs` and the effective
+sizes (from unique_tokens), or a result model's field when the answer overflows a float. The
+caller gave other options, so `size` names the option each comes from (`_SOURCES`; `flops` by the
+question's input, `_question`), an answer that overflows names the inputs it was asked with, and
+an answer of less than one parameter or one token (compute_flops=1e-300: 7.9e-156 parameters) is
+refused as params=1e-300 is: sizing below one parameter means nothing. The CLI and the service
+then name their own spelling of those options.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 from memplan.planner.scaling.data_constrained import data_constrained_loss, data_constrained_optimal
-from memplan.planner.scaling.errors import ScalingError
+from memplan.planner.scaling.errors import InfeasibleSizing, ScalingError
 from memplan.planner.scaling.inference import inference_aware
 from memplan.planner.scaling.laws import Law
 from memplan.planner.scaling.memory_aware import MAX_OVERHEAD
 from memplan.planner.scaling.queries import cheapest_for_loss, compute_optimal, optimal_for_params
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 __all__ = ["size", "MEMORY_DEFAULTS"]
 
@@ -47,7 +58,7 @@ def _refuse(given: dict[str, object], allowed: set[str], query: str) -> None:
                            "question (see `memplan size --help`)")
 
 
-def size(
+def _answer(
     *,
     compute_flops: float | None = None,
     params: float | None = None,
@@ -67,9 +78,7 @@ def size(
     law: str | Law | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> BaseModel:
-    """The sizing the options ask for (see the module's table). Returns that query's result model
-    (`Sizing`, `InferenceSizing`, `DataConstrainedSizing`, `MemorySizing` or `MemoryFit`); an
-    option the query does not read, or a missing one, raises `ScalingError` naming it."""
+    """`size` before its errors are named by the inputs."""
     values = dict(compute_flops=compute_flops, params=params, target_loss=target_loss,
                   tokens=tokens, inference_tokens=inference_tokens, unique_tokens=unique_tokens)
     given = {k: v for k, v in values.items() if v is not None}
@@ -135,3 +144,75 @@ def size(
     if params is not None:
         return optimal_for_params(params, law=law)
     return cheapest_for_loss(target_loss, law=law)  # type: ignore[arg-type]
+
+
+# the quantities queries compute -> the option they come from (NOTE [ sizing errors name the inputs ])
+_SOURCES = {"inference_flops": "inference_tokens", "total_flops": "inference_tokens",
+            "epochs": "unique_tokens", "effective_tokens": "unique_tokens",
+            "effective_params": "unique_tokens"}
+_QUESTION = ("compute_flops", "target_loss", "params", "tokens")  # what `flops` comes from, in order
+
+
+def _question(given: dict) -> str:
+    """The option the question was asked with (what the queries call `flops`)."""
+    return next((k for k in _QUESTION if given.get(k) is not None), "compute_flops")
+
+
+def size(
+    *,
+    compute_flops: float | None = None,
+    params: float | None = None,
+    target_loss: float | None = None,
+    tokens: float | None = None,
+    inference_tokens: float | None = None,
+    unique_tokens: float | None = None,
+    memory_bytes: int | None = None,
+    devices: int = 1,
+    seq_len: int = 2048,
+    micro_batch: int = 1,
+    peak_flops: float | None = None,
+    device: str | None = None,
+    utilization: float = 0.4,
+    strategy: str = "optimal",
+    max_overhead: float | None = MAX_OVERHEAD,
+    law: str | Law | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> BaseModel:
+    """The sizing the options ask for (see the module's table). Returns that query's result model
+    (`Sizing`, `InferenceSizing`, `DataConstrainedSizing`, `MemorySizing` or `MemoryFit`); an
+    option the query does not read, or a missing one, an answer out of a float's range or below
+    one parameter or token raise `ScalingError` naming the options (NOTE [ sizing errors name the
+    inputs ]); no model that fits the memory raises `InfeasibleSizing`."""
+    options = dict(locals())
+    given = {k: options[k] for k in (*_QUESTION, "inference_tokens", "unique_tokens")
+             if options[k] is not None}
+    try:
+        # an overflow is judged by the result (a float out of range is refused below), not
+        # reported by numpy as a warning beside the one line
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            result = _answer(**options)
+    except ValidationError as err:  # the answer is out of a float's range
+        first = err.errors(include_url=False)[0] if err.errors() else {}
+        name = str((first.get("loc") or ("",))[0])
+        names = [_SOURCES[name]] if name in _SOURCES else list(given) or [_question(given)]
+        raise ScalingError(f"{', '.join(names)}: too small or too large to size (the answer's "
+                           f"{name or 'value'} over- or underflows a float); use realistic values") from None
+    except InfeasibleSizing:
+        raise
+    except ScalingError as err:
+        head, sep, rest = str(err).partition(": ")
+        names = [n.strip() for n in head.split(",")] if sep else []
+        if not names or not all(n == "flops" or n in _SOURCES for n in names):
+            raise  # it names the caller's own options already
+        implied = ", ".join(names)
+        named = list(dict.fromkeys(_SOURCES.get(n) or _question(given) for n in names))
+        raise ScalingError(f"{', '.join(named)}: {rest} (the {implied} this query implies); use "
+                           "realistic values") from None
+    asked = _question(given)
+    fix = "ask for a lower target_loss" if asked == "target_loss" else f"ask for a larger {asked}"
+    for what, words in (("params", "parameters"), ("tokens", "training tokens")):
+        value = getattr(result, what, None)
+        if isinstance(value, float) and value < 1 and given.get(asked) is not None:
+            raise ScalingError(f"{asked}: {given[asked]:g} sizes a model of {value:.3g} {words}, "
+                               f"less than one; {fix}")
+    return result

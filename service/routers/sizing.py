@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from memplan.planner.request import MAX_BUDGET_BYTES, StrategyName
+from memplan.planner.scaling import size
 from memplan.service.deps import SettingsDep, body_openapi, json_body, require_api_key
 from memplan.service.problems import (
     FieldError,
@@ -64,76 +65,10 @@ def get_sizing(
     law: Annotated[LawName | None, Query(description="null: the library's default")] = None,
 ) -> Response:
     query = dict(locals())
-    result = call_library(_size, query, prefix="query")
+    # the library names the query's own parameters (NOTE [ sizing errors name the inputs ] in
+    # planner/scaling/size.py); call_library puts each under query.
+    result = call_library(size, prefix="query", **query)
     return Response(result.model_dump_json(), media_type="application/json")
-
-
-# NOTE [ Sizing errors name the query's parameters ]
-# The library's sizing errors name its own quantities: `flops` (from target_loss, or params x
-# tokens), `inference_flops` (from inference_tokens), a result model's field when the answer
-# overflows (`InferenceSizing.inference_flops`). A client sent query parameters, so each is named
-# by the parameter it comes from (`_SOURCES`; `flops` by the question's input, `_question`), and
-# an answer that overflows is a 422 naming the inputs the question was asked with. An answer of
-# less than one parameter or one token (compute_flops=1e-300: 7.9e-156 parameters) is refused as
-# params=1e-300 is: sizing below one parameter means nothing.
-_SOURCES = {"inference_flops": "inference_tokens", "total_flops": "inference_tokens",
-            "epochs": "unique_tokens", "effective_tokens": "unique_tokens", "effective_params": "unique_tokens"}
-_QUESTION = ("compute_flops", "target_loss", "params", "tokens")  # what `flops` comes from, in order
-
-
-def _question(query: dict) -> str:
-    """The query parameter the question was asked with (what the library calls `flops`)."""
-    return next((k for k in _QUESTION if query.get(k) is not None), "compute_flops")
-
-
-def _parameter(name: str, query: dict) -> str:
-    """The query parameter behind the library's quantity `name`."""
-    if name in query:
-        return name
-    return _SOURCES.get(name) or _question(query)
-
-
-def _sizing_problem(fields: list[str], message: str, *, kind: str = "invalid-input") -> ProblemError:
-    errors = [FieldError(field=f"query.{f}", message=message) for f in dict.fromkeys(fields)]
-    return ProblemError(422, f"{', '.join(dict.fromkeys(fields))}: {message}", kind=kind, errors=errors)
-
-
-def _size(query: dict):
-    """`memplan.planner.scaling.size(**query)`, its errors naming query parameters (NOTE above)."""
-    from memplan.planner.scaling import ScalingError, size
-    from pydantic import ValidationError
-
-    given = [k for k, v in query.items() if v is not None and k in (*_QUESTION, "inference_tokens", "unique_tokens")]
-    try:
-        result = size(**query)
-    except ValidationError as err:  # the answer is out of float's range
-        first = err.errors(include_url=False)[0] if err.errors() else {}
-        name = str((first.get("loc") or ("",))[0])
-        fields = [_parameter(name, query)] if name in _SOURCES else given
-        raise _sizing_problem(fields, f"too small or too large to size (the answer's {name or 'value'} "
-                              "over- or underflows floating point); use realistic values",
-                              kind="out-of-range") from None
-    except ScalingError as err:
-        head, sep, rest = str(err).partition(": ")
-        names = [n.strip() for n in head.split(",")] if sep else []
-        if not names or not all(n.isidentifier() for n in names) or all(n in query for n in names):
-            raise
-        implied = ", ".join(n for n in names if n not in query)
-        raise _sizing_problem([_parameter(n, query) for n in names],
-                              f"{rest} (the {implied} this query implies); use realistic values") from None
-    _check_at_least_one(result, query)
-    return result
-
-
-def _check_at_least_one(result, query: dict) -> None:
-    """Refuse an answer of less than one parameter or one token (NOTE above)."""
-    asked = _question(query)
-    fix = "ask for a lower target_loss" if asked == "target_loss" else f"ask for a larger {asked}"
-    for what in ("params", "tokens"):
-        value = getattr(result, what, None)
-        if isinstance(value, float) and value < 1:
-            raise _sizing_problem([asked], f"{query[asked]:g} sizes a model of {value:.3g} {what}, less "
-                                  f"than one; {fix}")
 
 
 class RunPoint(BaseModel):

@@ -61,12 +61,22 @@ def test_size_other_queries():
         (["--compute", "1e22", "--law", "kaplan"], "law: unknown 'kaplan'"),
         (["--loss", "1.0"], "--loss"),
         (["--unique-tokens", "1e9"], "--unique-tokens: give --compute"),
+        # answers out of range name the option they come from (NOTE [ sizing errors name the
+        # inputs ] in planner/scaling/size.py), in one line
+        (["--compute", "1e400"], "--compute: '1e400' is past a float's range"),
+        (["--loss", "1e300"], "--loss: must be greater than 0, got 0 (the flops this query implies)"),
+        (["--compute", "1e-300"], "--compute: 1e-300 sizes a model of 7.86e-156 parameters, less than "
+                                  "one; ask for a larger --compute"),
+        (["--loss", "1e5"], "--loss: 100000 sizes a model of 1.49e-06 parameters, less than one; ask "
+                            "for a lower --loss"),
+        (["--compute", "1e21", "--inference-tokens", "1e300"], "--inference-tokens: too small or too "
+                                                                "large to size"),
     ],
 )
 def test_size_bad_input_exits_2_without_traceback(args, message):
     res = runner.invoke(app, ["size", *args])
     assert res.exit_code == 2, res.output
-    assert message in res.output
+    assert message in res.output and res.stderr.count("\n") == 1
     assert "Traceback" not in res.output
 
 
