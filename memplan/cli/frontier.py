@@ -16,7 +16,8 @@ from memplan.cli._remote import ServerOption, remote
 def frontier_cmd(
     profile: Annotated[Path, typer.Argument(help="profile JSON (see `memplan profile`), or -")],
     points: Annotated[
-        int | None, typer.Option(help="thin to about N points spread evenly in memory")
+        int | None, typer.Option(help="thin to about N points spread evenly in memory (the ends, "
+                                 "and the point at each baseline's memory, are kept too)")
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="write the frontier as a PNG here")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the Frontier as JSON")] = False,
