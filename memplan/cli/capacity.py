@@ -80,6 +80,9 @@ def capacity_cmd(
         request["memory_bytes"] = parse_bytes(memory, field="--memory")
     if max_overhead is not None:
         request["max_overhead"] = parse_fraction(max_overhead, "--max-overhead")
+        if request["max_overhead"] > 10:  # CapacityRequest's bound, said in the units typed
+            raise ValueError(f"--max-overhead: at most 10 (1000%) of the store-all step time, got "
+                             f"{request['max_overhead']:g} ({max_overhead})")
     try:
         answer = capacity(request)
     except PlanError as err:
