@@ -58,27 +58,14 @@ def _refuse(given: dict[str, object], allowed: set[str], query: str) -> None:
                            "question (see `memplan size --help`)")
 
 
-def _answer(
-    *,
-    compute_flops: float | None = None,
-    params: float | None = None,
-    target_loss: float | None = None,
-    tokens: float | None = None,
-    inference_tokens: float | None = None,
-    unique_tokens: float | None = None,
-    memory_bytes: int | None = None,
-    devices: int = 1,
-    seq_len: int = 2048,
-    micro_batch: int = 1,
-    peak_flops: float | None = None,
-    device: str | None = None,
-    utilization: float = 0.4,
-    strategy: str = "optimal",
-    max_overhead: float | None = MAX_OVERHEAD,
-    law: str | Law | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> BaseModel:
-    """`size` before its errors are named by the inputs."""
+def _answer(o: dict) -> BaseModel:
+    """`size` of the options `o` (its keywords), before its errors are named by the inputs."""
+    compute_flops, params, target_loss = o["compute_flops"], o["params"], o["target_loss"]
+    tokens, inference_tokens, unique_tokens = o["tokens"], o["inference_tokens"], o["unique_tokens"]
+    memory_bytes, devices, seq_len, micro_batch = (o["memory_bytes"], o["devices"], o["seq_len"],
+                                                   o["micro_batch"])
+    peak_flops, device, utilization = o["peak_flops"], o["device"], o["utilization"]
+    strategy, max_overhead, law, progress = o["strategy"], o["max_overhead"], o["law"], o["progress"]
     values = dict(compute_flops=compute_flops, params=params, target_loss=target_loss,
                   tokens=tokens, inference_tokens=inference_tokens, unique_tokens=unique_tokens)
     given = {k: v for k, v in values.items() if v is not None}
@@ -190,7 +177,7 @@ def size(
         # an overflow is judged by the result (a float out of range is refused below), not
         # reported by numpy as a warning beside the one line
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            result = _answer(**options)
+            result = _answer(options)
     except ValidationError as err:  # the answer is out of a float's range
         first = err.errors(include_url=False)[0] if err.errors() else {}
         name = str((first.get("loc") or ("",))[0])
