@@ -23,6 +23,7 @@ from memplan.executor.apply import (
     remove_checkpoint,
 )
 from memplan.executor.offload import RUN_CPU_REFUSAL
+from memplan.profiler.hf_config import CONFIG_DTYPES
 
 __all__ = ["HFRun", "hf_config_of", "hf_model_from_config", "run_hf_config"]
 
@@ -86,8 +87,7 @@ def hf_config_of(config: str | Path | dict) -> Any:
                            f"{transformers.__version__} knows (e.g. gpt2, llama, mistral, qwen2)")
     for key in ("torch_dtype", "dtype"):
         v = config.get(key)
-        if v is not None and not isinstance(v, torch.dtype) and not (
-                isinstance(v, str) and isinstance(getattr(torch, v, None), torch.dtype)):
+        if v is not None and not (isinstance(v, torch.dtype) and v.is_floating_point) and v not in CONFIG_DTYPES:
             raise InstallError(f"--hf-config: {key} {v!r} is not a torch dtype (e.g. float32, "
                                "bfloat16); the model is built in float32 either way")
     for key in ("hidden_act", "activation_function"):

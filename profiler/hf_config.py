@@ -26,7 +26,7 @@ from typing import Any
 
 from memplan.profiler.schema import ProfileError, check_optimizer
 
-__all__ = ["DecoderShape", "ParamCounts", "decoder_shape", "param_counts", "n_params", "FAMILIES",
+__all__ = ["CONFIG_DTYPES", "DecoderShape", "ParamCounts", "decoder_shape", "param_counts", "n_params", "FAMILIES",
            "hf_analytic_profile", "hf_model", "measure_hf_config", "check_split"]
 
 # model_type -> the family whose layer layout it has
@@ -35,6 +35,11 @@ FAMILIES: dict[str, str] = {
     "gemma2": "llama", "mixtral": "mixtral", "qwen2_moe": "qwen2_moe", "gpt2": "gpt2",
     "gpt_neox": "gpt_neox",
 }
+
+
+# the dtype names a Hugging Face config may give as `torch_dtype` or `dtype` (torch.<name> is a
+# floating torch.dtype); the model is built in float32 whatever it says
+CONFIG_DTYPES = frozenset({"float32", "float", "float16", "half", "bfloat16", "float64", "double"})
 
 
 @dataclass(frozen=True)

@@ -227,10 +227,6 @@ def _gib(n: int) -> str:
     return f"{n:,} bytes ({n / 2**30:.3g} GiB)"
 
 
-# the dtype names a config may give (torch.<name> is a torch.dtype)
-_TORCH_DTYPES = frozenset({"float32", "float", "float16", "half", "bfloat16", "float64", "double"})
-
-
 def _secs(s: float) -> str:
     """Seconds for a message: whole above 100, else three significant figures (never '0')."""
     return f"{s:,.0f}" if s >= 100 else f"{s:.3g}"
@@ -251,7 +247,7 @@ def _check_hf_run(request: dict[str, Any], cfg: BaseModel, settings: Settings) -
         raise AdmissionError("body.device", "a Hugging Face run runs on the CPU in this build "
                              "(NOTE [ Hugging Face runs run on the CPU ] in service/jobs/kinds.py); "
                              "ask for cpu or leave it null")
-    from memplan.profiler.hf_config import decoder_shape, n_params
+    from memplan.profiler.hf_config import CONFIG_DTYPES, decoder_shape, n_params
     from memplan.profiler.schema import ProfileError
 
     # what the job would fail on only once it builds the model (torch-free checks: this process
@@ -259,9 +255,9 @@ def _check_hf_run(request: dict[str, Any], cfg: BaseModel, settings: Settings) -
     # executor.install.hf_config_of)
     for key in ("torch_dtype", "dtype"):
         v = cfg.hf_config.get(key)
-        if v is not None and v not in _TORCH_DTYPES:
+        if v is not None and v not in CONFIG_DTYPES:
             raise AdmissionError(f"body.config.hf_config.{key}", f"{v!r} is not a torch dtype; use "
-                                 "one of " + ", ".join(sorted(_TORCH_DTYPES)) + " or leave it out")
+                                 "one of " + ", ".join(sorted(CONFIG_DTYPES)) + " or leave it out")
     try:
         shape = decoder_shape(cfg.hf_config)
     except ProfileError:
