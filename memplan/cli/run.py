@@ -256,4 +256,16 @@ def print_report(report) -> None:
         out.print(f"  - {note}")
     exits = report.extras.get("gpt", {}).get("exit")
     if exits:
-        out.print(f"  - early exit: {exits}")
+        out.print(f"  - early exit: {_exit_summary(exits)}")
+
+
+def _exit_summary(exits: dict) -> str:
+    """The early-exit record of the last step (profiler/models/gpt.py's `report["exit"]`) in words:
+    how many sequences left at each exit, and the blocks and block FLOPs they ran."""
+    runs = exits.get("per_sample_blocks") or []
+    counts = ", ".join(f"{sum(bool(d) for d in ds)} of {len(ds)} after block {j}"
+                       for j, ds in sorted(exits.get("decisions", {}).items(), key=lambda kv: int(kv[0])))
+    ran, full = sum(exits.get("per_sample_block_flops") or []), exits.get("full_block_flops") or 0
+    share = f"{ran / (full * len(runs)):.0%} of the full blocks' FLOPs" if full and runs else "-"
+    return (f"sequences exited: {counts or 'none'}; blocks run per sequence "
+            f"{min(runs, default=0)}-{max(runs, default=0)} ({share})")

@@ -53,3 +53,15 @@ def test_one_step_is_not_timed_and_says_so():
     res = runner.invoke(app, ["run", *TINY[:-1], "3", "--strategy", "sqrt", "--json"])
     report = json.loads(res.stdout)
     assert report["measured_time_s"] > 0 and report["step_records"][-1]["schedule_s"] is None
+
+
+def test_the_early_exit_record_is_printed_in_words():
+    """`memplan run --features exit` says how many sequences left at each exit and what they ran,
+    not the raw record (a dict of lists)."""
+    from memplan.cli.run import _exit_summary
+
+    record = {"decisions": {"2": [True, False, True, False], "4": [False, True, False, False]},
+              "per_sample_blocks": [2, 4, 2, 6], "per_sample_block_flops": [20.0, 40.0, 20.0, 60.0],
+              "full_block_flops": 60.0}
+    assert _exit_summary(record) == ("sequences exited: 2 of 4 after block 2, 1 of 4 after block 4; "
+                                     "blocks run per sequence 2-6 (58% of the full blocks' FLOPs)")
