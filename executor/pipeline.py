@@ -47,10 +47,7 @@ def _build(spec: RunSpec):
                         batch_size=spec.batch_size, dropout=spec.dropout,
                         **model_options(spec.features, spec.n_layer))
         return build_gpt(cfg, device=spec.device)
-    if spec.model == "conv":
-        bad = set(spec.features) - {"qat"}
-        if bad:
-            raise ExecutorError(f"--features: {', '.join(sorted(bad))} apply to the GPT model only")
+    if spec.model == "conv":  # its features were checked for it (check_features in run_builtin)
         from memplan.profiler.models.conv import ConvConfig, build_conv
 
         return build_conv(ConvConfig(blocks=(spec.n_layer,) * 3, batch_size=spec.batch_size),
@@ -91,7 +88,7 @@ def run_builtin(spec: RunSpec, *, progress: Callable[[str, int, int], None] | No
 
     from memplan import planner
 
-    features = check_features(spec.features)
+    features = check_features(spec.features, spec.model)
     spec.features = features
     if spec.strategy not in planner.STRATEGIES:
         raise ExecutorError(f"--strategy: unknown {spec.strategy!r}; choose one of "

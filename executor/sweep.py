@@ -207,7 +207,7 @@ def _check_spec(spec: SweepSpec) -> None:
             raise ExecutorError(f"models[{k}].config.features: a comma-separated string, e.g. "
                                 f"'flash,moe', not {feats!r}")
         try:
-            names = check_features((feats or "").split(","))
+            names = check_features((feats or "").split(","), m.model)
         except ValueError as err:
             raise ExecutorError(f"models[{k}].config.features: {str(err).split(': ', 1)[-1]}") from None
         bad_f = [f for f in names if f in _NOT_ANALYTIC]
@@ -249,7 +249,7 @@ def _runspec(req: dict[str, Any]):
     from memplan.executor.pipeline import RunSpec
 
     cfg = dict(req.get("config") or {})
-    cfg["features"] = tuple(check_features(str(cfg.get("features") or "").split(",")))
+    cfg["features"] = tuple(check_features(str(cfg.get("features") or "").split(","), req["model"]))
     return RunSpec(model=req["model"], budget_bytes=req.get("budget_bytes"), strategy=req["strategy"],
                    steps=max(2, int(req.get("steps", 2))), **cfg)
 

@@ -13,8 +13,10 @@ __all__ = ["FEATURES", "apply_features", "model_options", "check_features"]
 FEATURES = ("moe", "flash", "qat", "prune", "exit")
 
 
-def check_features(features: Sequence[str]) -> list[str]:
-    """The feature names, validated (one error naming the unknown one)."""
+def check_features(features: Sequence[str], model: str = "gpt") -> list[str]:
+    """The feature names, validated for `model` (gpt or conv): one error naming the unknown one, a
+    pair that does not go together, or one the conv model does not take (it takes qat; the others
+    are options of the GPT model family)."""
     out = []
     for f in features:
         f = f.strip()
@@ -25,6 +27,10 @@ def check_features(features: Sequence[str]) -> list[str]:
         out.append(f)
     if "prune" in out and "moe" in out:
         raise ValueError("--features: prune removes dense MLP channels (and heads); it does not apply with moe")
+    bad = sorted(set(out) - {"qat"}) if model == "conv" else []
+    if bad:
+        raise ValueError(f"--features: {', '.join(bad)} apply to the GPT model only (the conv model "
+                         "takes qat); remove them or use the gpt model")
     return out
 
 

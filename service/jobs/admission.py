@@ -324,14 +324,9 @@ def check_features(model: str, features: list[str], *, field: str = "body.featur
     from memplan.executor.features import check_features as known_features
 
     try:
-        names = known_features(features)
+        known_features(features, model)
     except ValueError as err:
         raise AdmissionError(field, str(err).removeprefix("--features: ")) from None
-    if model == "conv":
-        bad = sorted(set(names) - {"qat"})
-        if bad:
-            raise AdmissionError(field, f"{', '.join(bad)} apply to the GPT model only (the conv model "
-                                 "takes qat); remove them or use model gpt")
 
 
 def _request_features(kind: str, request: dict[str, Any], model_prefix: str) -> tuple[list[str], str]:
