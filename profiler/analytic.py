@@ -81,7 +81,13 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from memplan.profiler.precision import infer_policy, policy_dtypes, precision_meta
-from memplan.profiler.schema import LayerProfile, Profile, ProfileError, check_optimizer
+from memplan.profiler.schema import (
+    OPTIMIZER_BUFFERS,
+    LayerProfile,
+    Profile,
+    ProfileError,
+    check_optimizer,
+)
 from memplan.profiler.transients import conv_transients, gpt_transients
 
 __all__ = [
@@ -391,7 +397,7 @@ def gpt_analytic_profile(
     n_params = params["embed"] + L * params["block"] + params["head"]
     n_tensors = params["embed_tensors"] + L * params["block_tensors"] + params["head_tensors"]
     param_bytes = e * n_params
-    opt = {"adamw": 2 * param_bytes, "adam": 2 * param_bytes, "sgd-momentum": param_bytes}.get(optimizer, 0)
+    opt = OPTIMIZER_BUFFERS[optimizer] * param_bytes
     if optimizer in ("adamw", "adam") and kind == "cpu":
         opt += 4 * n_tensors  # AdamW's step counters: a 4-byte CPU tensor per parameter
     buffers = 8 * N + (L * (8 * E + 8) if E else 0)  # targets; expert and dropped counters
@@ -503,7 +509,7 @@ def conv_analytic_profile(
             forward_temp_bytes=tr.forward, forward_nograd_temp_bytes=tr.forward_nograd,
             backward_temp_bytes=tr.backward)) for ly, tr in zip(layers, temps, strict=True)]
     param_bytes = e * n_params
-    opt = {"adamw": 2 * param_bytes, "adam": 2 * param_bytes, "sgd-momentum": param_bytes}.get(optimizer, 0)
+    opt = OPTIMIZER_BUFFERS[optimizer] * param_bytes
     if optimizer in ("adamw", "adam") and device.startswith("cpu"):
         opt += 4 * n_tensors
     n_bn = sum(blocks) * 2 + 1

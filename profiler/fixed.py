@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from memplan.profiler.schema import check_optimizer
+from memplan.profiler.schema import OPTIMIZER_BUFFERS, check_optimizer
 from memplan.profiler.tensors import unique_buffers, unique_params
 
 __all__ = ["optimizer_state_bytes", "fixed_bytes", "param_dtype", "snapshot_state", "restore_state"]
@@ -20,13 +20,9 @@ def optimizer_state_bytes(params, optimizer: str, device: torch.device) -> int:
     buffer; plain SGD and 'none' nothing. Raises `ProfileError` for any other name."""
     check_optimizer(optimizer)
     trainable = [p for p in params if p.requires_grad]
-    if optimizer in ("adamw", "adam"):
-        moments = sum(2 * p.numel() * p.element_size() for p in trainable)
-        steps = 4 * len(trainable) if device.type == "cpu" else 0
-        return moments + steps
-    if optimizer == "sgd-momentum":
-        return sum(p.numel() * p.element_size() for p in trainable)
-    return 0
+    buffers = OPTIMIZER_BUFFERS[optimizer] * sum(p.numel() * p.element_size() for p in trainable)
+    steps = 4 * len(trainable) if optimizer in ("adamw", "adam") and device.type == "cpu" else 0
+    return buffers + steps
 
 
 def fixed_bytes(stages, params, optimizer: str, dev: torch.device) -> dict[str, int]:

@@ -37,6 +37,7 @@ __all__ = [
     "Profile",
     "ProfileError",
     "OPTIMIZERS",
+    "OPTIMIZER_BUFFERS",
     "check_optimizer",
     "load_profile",
     "format_validation_error",
@@ -77,6 +78,9 @@ class ProfileError(ValueError):
 
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")  # the optimizers profiles price
+# buffers each keeps per parameter, in the parameter's dtype (torch.optim: AdamW's two moments,
+# SGD's momentum); AdamW's per-tensor step counters are counted apart
+OPTIMIZER_BUFFERS = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0, "none": 0}
 
 
 def check_optimizer(optimizer: object) -> str:
