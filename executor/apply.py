@@ -100,8 +100,15 @@ from memplan.executor.offload import (
     has_transfers,
 )
 from memplan.executor.report import ExecutorError, InfeasiblePlanError, error_pct
-from memplan.planner.schema import Op, Plan
-from memplan.profiler.schema import LayerProfile, Profile, ProfileError, check_optimizer
+from memplan.planner.schema import Op, Plan, PlanError
+from memplan.profiler.schema import (
+    LayerProfile,
+    Profile,
+    ProfileError,
+    check_optimizer,
+    format_validation_error,
+)
+from pydantic import ValidationError
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_flatten
@@ -171,6 +178,12 @@ def _check_model(model: Any) -> None:
         raise InstallError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
 
 
+def _check_flag(value: Any, name: str) -> None:
+    """Refuse a non-bool where a True/False switch belongs ("yes" is not a switch)."""
+    if not isinstance(value, bool):
+        raise InstallError(f"{name}: True or False, got {value!r}")
+
+
 def _check_trainable(model: nn.Module, caller: str = "profile_model") -> None:
     """A training step can run: gradients are enabled and some parameter requires grad."""
     if not torch.is_grad_enabled():
@@ -219,6 +232,15 @@ def _loss_of(out: Any, target: Any, loss_fn: Callable | None) -> torch.Tensor:
             "tensor); pass loss_fn=f, f(output, target) -> scalar, and a batch (inputs, target)"
         )
     return loss
+
+
+def _loss_bytes(loss: torch.Tensor) -> int:
+    """Bytes the loss holds: its storage's, which is not always the scalar's 4 (mse_loss returns
+    a view of its unreduced buffer, the output's size). The chain model's a_L is the 4-byte
+    scalar, dropped before `B L`; the caller holds the loss through the whole backward, so the
+    rest of its storage counts in x_0 (always live: over by that much before the loss, exact
+    from it on)."""
+    return sum(_storages(loss).values())
 
 
 def _storages(values: Any) -> dict[int, int]:
@@ -313,9 +335,88 @@ def find_blocks(model: nn.Module, blocks: str | Sequence[nn.Module] | None = Non
 # profiling through the model's own step
 
 
+# NOTE [ Gradients only along the chain ]
+# The installation recomputes a block from its hidden input alone and joins a block it forwarded
+# without a record to the graph only through its output, so gradients may cross between the
+# chain's parts only along the chain. The rules, checked on the profiled store-all step's graph:
+# 1. Each autograd node belongs to the part of the forward that created it: the prefix, a block
+#    (with the code between it and the block before), or the head (after the last block). Nodes
+#    are numbered on creation (per thread), and the hooks at the blocks' boundaries read the
+#    counter. Leaves (parameters, the batch) belong to no part: a parameter used by two parts is
+#    the chain model's tied weight.
+# 2. An edge of the graph that crosses parts must be the previous part's output taken by the next
+#    part: the prefix's output by the first block, block j's by block j+1, the last block's by the
+#    head.
+# 3. What breaks rule 2 is refused by `profile_model`, naming the part, because the installed step
+#    would lose that gradient (a wrong gradient, or autograd's "backward through the graph a second
+#    time"): a block argument with gradients besides the previous output (a skip from the
+#    embeddings, T5's position bias made by its first block), a value made inside a block that
+#    reaches the loss other than through its output (an auxiliary or router loss, router logits
+#    recorded by a hook), a block's output used again after the next block (a sum over layers).
+
+
+def _seq_now() -> int:
+    """The autograd sequence number of a node made now (NOTE [ Gradients only along the chain ]):
+    every node made later on this thread has a larger one."""
+    with torch.enable_grad():
+        return torch.empty(0, requires_grad=True).view(0).grad_fn._sequence_nr()
+
+
+def chain_crossing(root: Any, starts: list[int], ends: list[int], outputs: list[Any]) -> str | None:
+    """None when every edge of the graph below `root` (the loss's node) that crosses the chain's
+    parts follows NOTE [ Gradients only along the chain ] rule 2; else which parts break it, in
+    words. starts[j], ends[j]: `_seq_now()` at block j's pre- and post-hook; outputs[0]: the node
+    of the first block's input (None without one), outputs[j + 1]: of block j's output."""
+    import bisect
+
+    n = len(starts)
+    unnumbered = 2**63  # AccumulateGrad (a leaf's) carries the largest sequence number
+
+    def part(node: Any) -> int | None:  # 0: the prefix, j + 1: block j, n + 1: the head
+        q = node._sequence_nr()
+        if q >= unnumbered:
+            return None
+        j = bisect.bisect_left(starts, q) - 1  # the last block started before the node
+        if j < 0:
+            return 0
+        return j + 1 if q < ends[j] else j + 2  # after block j: block j + 1's part, or the head
+
+    def name(k: int) -> str:
+        return "the prefix (before the first block)" if k == 0 else (
+            "the head (after the last block) or the loss" if k == n + 1 else f"block {k - 1}")
+
+    seen = {id(root)}
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        kp = part(node)
+        for child, _ in node.next_functions:
+            if child is None:
+                continue
+            if kp is not None and kp >= 1 and child is not outputs[kp - 1]:
+                kc = part(child)
+                if kc is not None and kc != kp:
+                    if kc >= 1 and any(child is o for o in outputs[1:]):
+                        return (f"{name(kc)}'s output is used again by {name(kp)}; name blocks "
+                                "(blocks=) whose outputs only the next one takes")
+                    if 1 <= kc <= n:
+                        return (f"a value made inside {name(kc)} other than its output (a second "
+                                f"output, an auxiliary or router loss, a value a hook recorded) "
+                                f"reaches {name(kp)}; turn that value off (output_router_logits="
+                                "False for a router loss) or name other blocks with blocks=")
+                    return (f"{name(kp)} takes a value with gradients from {name(kc)} besides "
+                            "the previous block's output (a skip connection, a bias made once); "
+                            "detach that value or name other blocks with blocks=")
+            if id(child) not in seen:
+                seen.add(id(child))
+                todo.append(child)
+    return None
+
+
 class _Tap:
     """Hooks on the model and its blocks for one instrumented pass: each stage boundary calls
-    `on_boundary(label)`; block inputs, outputs and arguments are recorded."""
+    `on_boundary(label)`; block inputs, outputs and arguments are recorded, and with `grad_hooks`
+    where each block's autograd nodes start and end (NOTE [ Gradients only along the chain ])."""
 
     def __init__(self, model: nn.Module, blocks: list[nn.Module]) -> None:
         self.model, self.blocks = model, blocks
@@ -325,8 +426,12 @@ class _Tap:
         self.args: list[Any] = [None] * len(blocks)
         self.calls = 0
         self.order_ok = True
+        self.repeat = [False] * len(blocks)
         self.grad_hooks = False
         self.held: torch.Tensor | None = None
+        self.starts: list[int] = [0] * len(blocks)
+        self.ends: list[int] = [0] * len(blocks)
+        self.nodes: list[Any] = [None] * (len(blocks) + 1)  # the first input's, each output's
         self.handles: list[Any] = []
         for j, block in enumerate(blocks):
             self.handles.append(block.register_forward_pre_hook(self._pre(j), with_kwargs=True))
@@ -334,21 +439,32 @@ class _Tap:
 
     def _pre(self, j: int):
         def hook(module, args, kwargs):
-            if j != self.calls:
+            self.repeat[j] = j != self.calls or not self.order_ok  # a block called again, or out
+            self.calls += 1  # of order: refused after the pass, nothing marked for it
+            if self.repeat[j]:
                 self.order_ok = False
-            self.calls += 1
+                return
             hidden, _ = _hidden_in(args, kwargs)
             self.inputs[j] = hidden
             self.args[j] = (args, kwargs)
             self.on_boundary(f"F{j}")
+            if self.grad_hooks:
+                if j == 0:
+                    self.nodes[0] = hidden.grad_fn if hidden is not None else None
+                self.starts[j] = _seq_now()
             if self.grad_hooks and j == 0 and hidden is not None and hidden.requires_grad:
                 hidden.register_hook(lambda g: self._grad("B-1", g))
         return hook
 
     def _post(self, j: int):
         def hook(module, args, out):
+            if self.repeat[j]:
+                return
             hidden = _hidden_of(out)
             self.outputs[j] = hidden
+            if self.grad_hooks:
+                self.ends[j] = _seq_now()
+                self.nodes[j + 1] = hidden.grad_fn if hidden is not None else None
             self.on_boundary(f"E{j}")
             if self.grad_hooks and hidden is not None and hidden.requires_grad:
                 hidden.register_hook(lambda g: self._grad(f"B{j}", g))
@@ -380,11 +496,11 @@ def _device_of(model: nn.Module) -> torch.device:
 
 
 @contextlib.contextmanager
-def _state_kept(model: nn.Module, device: torch.device):
+def _state_kept(model: nn.Module, device: torch.device, *, grads: bool = True):
     """Buffers, gradients and random streams as they were, after the block; parameter gradients
-    allocated (zeros) inside it."""
+    allocated (zeros) inside it (`grads`; else left alone)."""
     bufs = [(b, b.detach().clone()) for b in model.buffers()]
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad and grads]
     grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in params]
     for p in params:
         if p.grad is None:
@@ -437,6 +553,7 @@ def profile_model(
     _check_trainable(model)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise InstallError(f"repeats: must be an integer >= 1, got {repeats!r}")
+    _check_flag(compile, "compile")
     try:
         check_optimizer(optimizer)  # before measuring: it is priced only at the end
     except ProfileError as err:
@@ -490,6 +607,8 @@ def _measure_chain(model: nn.Module, example_batch: Any, *, blocks, loss_fn, opt
                     loss = _loss_of(out, target, loss_fn)
                 meter.mark("loss")
                 owner[0] = None
+                root = loss.grad_fn
+                loss_b = _loss_bytes(loss)
                 _backward(loss)
                 tap.held = None
                 del out, loss
@@ -507,6 +626,13 @@ def _measure_chain(model: nn.Module, example_batch: Any, *, blocks, loss_fn, opt
                         f"blocks: block {j} does not take block {j - 1}'s output (its first tensor) as "
                         "its input; auto_checkpoint needs a chain of blocks (name them with blocks=)"
                     )
+            crossing = chain_crossing(root, tap.starts, tap.ends, tap.nodes) if root else None
+            del root
+            tap.nodes = [None] * (n + 1)
+            if crossing is not None:  # NOTE [ Gradients only along the chain ]
+                raise InstallError(
+                    f"blocks: in {label}, {crossing} (memplan recomputes a block from the previous "
+                    "block's output alone, so that gradient would be lost)")
             batch_st = _storages(inputs) | _storages(target)
             has_prefix = hidden_in[0] is None or hidden_in[0].untyped_storage().data_ptr() not in batch_st
             fixed_st = _storages(list(model.parameters())) | _storages(list(model.buffers())) | _storages(
@@ -597,7 +723,7 @@ def _measure_chain(model: nn.Module, example_batch: Any, *, blocks, loss_fn, opt
             saved = sum(b for p, b in packs.get(0, {}).items() if p not in excl)
             saved = max(0, min(saved, end - s0 - out_b - side_b))
         elif i == L:
-            out_b, in_b = 4, x_block[n - 1]  # the float32 loss
+            out_b, in_b = 4, x_block[n - 1]  # the scalar; the rest of its storage is in x_0
             excl = fixed_st | batch_st | out_st[n - 1]
             saved = sum(b for p, b in packs.get(n + 1, {}).items() if p not in excl)
             saved = max(0, min(saved, end - s0))
@@ -632,7 +758,8 @@ def _measure_chain(model: nn.Module, example_batch: Any, *, blocks, loss_fn, opt
     return Profile(
         name=name or type(model).__name__, device=str(dev),
         dtype=str(next((p.dtype for p in params if p.is_floating_point()), torch.float32)).removeprefix("torch."),
-        input_bytes=sum(batch_st.values()) + side_b, fixed_bytes=fixed, layers=layers,
+        input_bytes=sum(batch_st.values()) + side_b + max(0, loss_b - 4), fixed_bytes=fixed,
+        layers=layers,
         meta={"source": "memplan.executor.apply.profile_model (measured in the model's own step)",
               "torch": torch.__version__, "optimizer": optimizer, "repeats": repeats,
               "policies": policy_names or None, "compiled": bool(compile),
@@ -978,6 +1105,26 @@ class _CompiledBlocks(_BlockForwards):
             self.set(block, lambda *a, fn=fn, block=block, **kw: fn(block, *a, **kw))
 
 
+class _Hook:
+    """A hook the installation adds to the model. It refuses to be saved or copied with the model
+    in one line: it belongs to an installation, which holds the step's tensors and the model."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def _refuse(self, *args: Any) -> Any:
+        raise InstallError("model: a model with an installed plan is not saved or copied whole "
+                           "(torch.save, pickle, copy.deepcopy); save model.state_dict(), or call "
+                           "memplan.remove_checkpoint(model) first and install the plan again after")
+
+    __reduce_ex__ = __deepcopy__ = __copy__ = _refuse
+
+
 class _Installation:
     """A plan installed in a model by hooks (NOTE [ Installing a schedule ])."""
 
@@ -1046,12 +1193,14 @@ class _Installation:
             s = j + 1 + self.off
             if s in self.policies or self.compile:
                 self.forwards.set(block, self._forward_of(j, block, self.policies.get(s)))
-        self.handles = [model.register_forward_pre_hook(self._model_pre, with_kwargs=True)]
+        self.handles = [model.register_forward_pre_hook(_Hook(self._model_pre), with_kwargs=True),
+                        model.register_forward_hook(_Hook(self._model_raised), always_call=True)]
         if self.offload is not None:
-            self.handles.append(model.register_forward_hook(self._model_post))
+            self.handles.append(model.register_forward_hook(_Hook(self._model_post)))
         for j, block in enumerate(blocks):
-            self.handles.append(block.register_forward_pre_hook(self._block_pre(j), with_kwargs=True))
-            self.handles.append(block.register_forward_hook(self._block_post(j)))
+            self.handles.append(block.register_forward_pre_hook(_Hook(self._block_pre(j)),
+                                                                with_kwargs=True))
+            self.handles.append(block.register_forward_hook(_Hook(self._block_post(j))))
 
     def _offloader(self, ops: list, k: int, host_device: str | None) -> Offloader:
         """The transfer ops' machinery and where the forward phase runs them (NOTE [ Offload in
@@ -1186,6 +1335,16 @@ class _Installation:
         if self.has_prefix:
             self._enter(1, (args, new))
         return (args, new) if new is not kwargs else None
+
+    def _model_raised(self, module, args, out):
+        """The model's forward ended; when it raised (torch passes no output), the contexts its
+        stages entered (no_grad, the guards) are left, so grad mode and the random streams are
+        as the user had them, and the next step starts afresh."""
+        if out is None and not self.busy and not self.stopping and self.step is not None:
+            if self.step.open:
+                self._exit()
+            self.step = None
+        return None
 
     def _check_shape(self, args, kwargs) -> None:
         if self.profile is None or self.warned_shape:
@@ -1333,12 +1492,20 @@ class _Installation:
             step.queued = True
             torch.autograd.Variable._execution_engine.queue_callback(lambda: self._end(step))
 
+    def _current(self, step: _Step) -> None:
+        """Raise unless `step` is the one whose backward the installation runs."""
+        if step is not self.step:
+            raise InstallError(
+                "backward: this backward runs through a forward that the installed plan has "
+                "already finished or replaced (retain_graph=True and a second backward, or two "
+                "forwards before one backward); an installed plan runs each forward's backward "
+                "once, before the next forward: call remove_checkpoint(model) for such a loop")
+
     def _trigger(self, i: int):
         step = self.step
 
         def hook(grad):
-            if step is not self.step:
-                return None
+            self._current(step)
             step.held = None
             self._queue_end(step)
             self._run_until(step, i)
@@ -1352,6 +1519,7 @@ class _Installation:
     def _backward_stage(self, step: _Step, i: int, grad: torch.Tensor) -> torch.Tensor | None:
         """`B i` of a stage forwarded without a record: the ops before it (its `R i` among them),
         then the backward through the recomputed record. Returns d_{i-1}."""
+        self._current(step)
         step.held = None
         self._queue_end(step)
         self._run_until(step, i)
@@ -1543,8 +1711,9 @@ def _model_stages(model: nn.Module, example_batch: Any, blocks, loss_fn) -> Prof
     inputs, target = _split(example_batch, loss_fn)
     tap = _Tap(model, blist)
     try:
-        with torch.no_grad():
-            _loss_of(_call(model, inputs), target, loss_fn)
+        # a forward (BatchNorm's statistics, dropout's stream) that leaves no trace
+        with _state_kept(model, _device_of(model), grads=False), torch.no_grad():
+            loss_b = _loss_bytes(_loss_of(_call(model, inputs), target, loss_fn))
         batch_st = _storages(inputs) | _storages(target)
         has_prefix = tap.inputs[0] is None or tap.inputs[0].untyped_storage().data_ptr() not in batch_st
         x = [sum(_storages(o).values()) for o in tap.outputs]
@@ -1561,7 +1730,7 @@ def _model_stages(model: nn.Module, example_batch: Any, blocks, loss_fn) -> Prof
     _param_bytes(model, blist, layers, has_prefix)
     # a layout, not a measurement: no saved bytes or times (measure_step predicts no store-all
     # peak from it); call_bytes for the installation's batch-shape warning
-    return Profile(input_bytes=sum(batch_st.values()) + side, layers=layers,
+    return Profile(input_bytes=sum(batch_st.values()) + side + max(0, loss_b - 4), layers=layers,
                    meta={"apply": {"blocks": label, "n_blocks": len(blist), "prefix": has_prefix,
                                    "call_bytes": sum(_storages(inputs).values()), "layout": True}})
 
@@ -1601,10 +1770,14 @@ def install_plan(model: nn.Module, plan: Plan | dict | str, example_batch: Any, 
     blocks ]). A plan already installed in `model` is replaced; when this raises, it stays
     (NOTE [ Re-planning replaces the plan ]). Returns the plan."""
     _check_model(model)
-    if isinstance(plan, str):
-        plan = Plan.model_validate_json(plan)
-    elif isinstance(plan, dict):
-        plan = Plan.model_validate(plan)
+    _check_flag(compile, "compile")
+    try:
+        if isinstance(plan, str):
+            plan = Plan.model_validate_json(plan)
+        elif isinstance(plan, dict):
+            plan = Plan.model_validate(plan)
+    except ValidationError as err:
+        raise InstallError(format_validation_error(err, what="plan")) from None
     if not isinstance(plan, Plan):
         raise InstallError(f"plan: expected a Plan, a dict or JSON text, got {type(plan).__name__}")
     if not plan.feasible or not plan.schedule:
@@ -1626,14 +1799,7 @@ def _install_checked(model: nn.Module, plan: Plan, example_batch: Any, *, blocks
             f"{layout.fingerprint()} ({layout.n_stages} stages on this batch shape): the plan was made "
             "for another model or batch shape; plan this one (auto_checkpoint)"
         )
-    prof = None
-    if profile is not None:
-        from memplan.profiler.schema import load_profile
-
-        prof = load_profile(profile)
-        if prof.fingerprint() != layout.fingerprint():
-            raise InstallError(f"profile: its fingerprint {prof.fingerprint()} is not this model's "
-                               f"{layout.fingerprint()}; give the profile the plan was made from")
+    prof = _profile_checked(profile, layout) if profile is not None else None
     # the full profile, when given, is the installation's: measure_step's store-all comparison
     _install(model, plan, prof or layout, blocks, compile=compile)
 
@@ -1655,6 +1821,37 @@ def installed_plan(model: nn.Module) -> Plan | None:
     _check_model(model)
     inst = _INSTALLED.get(model)
     return inst.plan if inst is not None else None
+
+
+# the plan request's fields that auto_checkpoint's arguments fill, by argument name
+_REQUEST_ARGS = {"budget_bytes": "budget", "memory_bytes": "memory",
+                 "options.max_overhead": "max_overhead", "options.offload_bandwidth":
+                 "offload_bandwidth", "options.host_memory_bytes": "host_memory_bytes"}
+
+
+def _profile_for(model: nn.Module, example_batch: Any, profile: Profile | dict | str, *, blocks,
+                 loss_fn) -> Profile:
+    """`profile` read and checked against the model's layout on `example_batch` (its fingerprint:
+    stages, output and parameter bytes), as `install_plan` checks a plan's."""
+    return _profile_checked(profile, _model_stages(model, example_batch, blocks, loss_fn))
+
+
+def _profile_checked(profile: Profile | dict | str, layout: Profile) -> Profile:
+    """`profile` read, and refused (`InstallError`) unless its fingerprint is the model's
+    `layout`'s: the same stages, output and parameter bytes, so made for this model and batch
+    shape."""
+    from memplan.profiler.schema import load_profile
+
+    try:
+        prof = load_profile(profile)
+    except ProfileError as exc:
+        msg = str(exc)
+        raise InstallError(msg if msg.startswith("profile") else f"profile: {msg}") from None
+    if prof.fingerprint() != layout.fingerprint():
+        raise InstallError(f"profile: its fingerprint {prof.fingerprint()} is not this model's "
+                           f"{layout.fingerprint()} ({layout.n_stages} stages on this batch shape): "
+                           "it was made for another model or batch shape")
+    return prof
 
 
 def auto_checkpoint(
@@ -1702,10 +1899,14 @@ def auto_checkpoint(
     from memplan.planner.units import parse_bytes
 
     _check_model(model)
+    _check_flag(compile, "compile")
     if profile is None:
         _check_trainable(model, "auto_checkpoint")
-    budget_bytes = parse_bytes(budget, field="budget") if budget is not None else None
-    memory_bytes = parse_bytes(memory, field="memory") if memory is not None else None
+    try:
+        budget_bytes = parse_bytes(budget, field="budget") if budget is not None else None
+        memory_bytes = parse_bytes(memory, field="memory") if memory is not None else None
+    except ValueError as exc:  # the message names the argument
+        raise InstallError(str(exc)) from None
     if max_overhead is not None and (isinstance(max_overhead, bool) or not isinstance(max_overhead, (int, float))
                                      or max_overhead < 0):
         raise InstallError(f"max_overhead: a fraction >= 0 (0.2 = 20%), got {max_overhead!r}")
@@ -1716,12 +1917,22 @@ def auto_checkpoint(
         options["offload_bandwidth"] = offload_bandwidth
     if host_memory_bytes is not None:
         options["host_memory_bytes"] = host_memory_bytes
+    if budget_bytes is not None and memory_bytes is not None:
+        raise InstallError("budget, memory: give one of them (activation bytes, or the device's "
+                           "memory), not both")
     with _plan_set_aside(model, replace=True):
-        prof = profile if profile is not None else profile_model(
-            model, example_batch, blocks=blocks, loss_fn=loss_fn, optimizer=optimizer, repeats=repeats,
-            policies=policies, compile=compile)
-        plan = make_plan(prof, budget_bytes=budget_bytes, memory_bytes=memory_bytes, strategy=strategy,
-                         **options)
+        if profile is not None:
+            prof = _profile_for(model, example_batch, profile, blocks=blocks, loss_fn=loss_fn)
+        else:
+            prof = profile_model(model, example_batch, blocks=blocks, loss_fn=loss_fn,
+                                 optimizer=optimizer, repeats=repeats, policies=policies,
+                                 compile=compile)
+        try:
+            plan = make_plan(prof, budget_bytes=budget_bytes, memory_bytes=memory_bytes,
+                             strategy=strategy, **options)
+        except PlanError as exc:  # named by this function's arguments, not the plan request's
+            field = _REQUEST_ARGS.get(exc.field or "", exc.field)
+            raise InstallError(f"{field}: {exc.reason}" if field else exc.reason) from None
         if not plan.feasible:
             raise InfeasiblePlanError(f"budget: {plan.message}")
         _install(model, plan, prof, blocks, compile=compile)

@@ -34,6 +34,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "install_plan": ("memplan.executor.apply", "install_plan"),
     "remove_checkpoint": ("memplan.executor.apply", "remove_checkpoint"),
     "measure_step": ("memplan.executor.apply", "measure_step"),
+    "profile_model": ("memplan.executor.apply", "profile_model"),
 }
 
 __all__ = ["__version__", *_LAZY]

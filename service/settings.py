@@ -14,7 +14,8 @@ __all__ = ["Settings", "get_settings"]
 class Settings(BaseSettings):
     """Every knob of the service; each field is also the environment variable MEMPLAN_<NAME>."""
 
-    model_config = SettingsConfigDict(env_prefix="MEMPLAN_", extra="ignore")
+    # an empty variable (MEMPLAN_JOB_MAX_BYTES=) counts as unset, as shells and compose files mean it
+    model_config = SettingsConfigDict(env_prefix="MEMPLAN_", extra="ignore", env_ignore_empty=True)
 
     host: str = Field(default="127.0.0.1", description="address `memplan serve` binds")
     port: int = Field(default=8000, ge=0, le=65535, description="port `memplan serve` binds")
@@ -40,6 +41,10 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="a worker silent this long counts as dead (readyz: 503)"
     )
     job_timeout_s: float = Field(default=6 * 3600, gt=0, description="a job running longer fails")
+    shutdown_grace_s: float = Field(
+        default=5.0, ge=0, description="on SIGTERM, seconds `memplan serve` waits for open "
+        "connections (event streams, a page following a job) before it closes them and stops"
+    )
     # the limits a job is admitted against (service/jobs/admission.py) and held to (the worker)
     job_max_bytes: int | None = Field(
         default=None, ge=1 << 20,

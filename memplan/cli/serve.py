@@ -48,7 +48,10 @@ def serve_cmd(
     from memplan.service.settings import Settings
 
     settings = Settings()
-    uvicorn.run("memplan.service.app:app", host=settings.host, port=settings.port, log_level=log_level)
+    # an open event stream would otherwise hold a SIGTERM'd server (and its worker) up for as
+    # long as its client stays
+    uvicorn.run("memplan.service.app:app", host=settings.host, port=settings.port, log_level=log_level,
+                timeout_graceful_shutdown=settings.shutdown_grace_s)
 
 
 @app.command("worker")

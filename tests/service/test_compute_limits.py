@@ -281,3 +281,14 @@ def _post_quietly(url: str, body: dict) -> httpx.Response | Exception:
         return httpx.post(url + "/v1/plans", json=body, timeout=120)
     except httpx.TransportError as err:
         return err
+
+
+def test_an_empty_variable_counts_as_unset(monkeypatch):
+    """MEMPLAN_JOB_MAX_BYTES= (set, empty) is the default, not a validation error at start."""
+    from memplan.service.settings import Settings
+
+    monkeypatch.setenv("MEMPLAN_JOB_MAX_BYTES", "")
+    monkeypatch.setenv("MEMPLAN_SHUTDOWN_GRACE_S", "")
+    s = Settings()
+    assert s.job_max_bytes == Settings.model_fields["job_max_bytes"].default
+    assert s.shutdown_grace_s == 5.0
