@@ -15,8 +15,9 @@ FEATURES = ("moe", "flash", "qat", "prune", "exit")
 
 def check_features(features: Sequence[str], model: str = "gpt") -> list[str]:
     """The feature names, validated for `model` (gpt or conv): one error naming the unknown one, a
-    pair that does not go together, or one the conv model does not take (it takes qat; the others
-    are options of the GPT model family)."""
+    pair that does not go together, or any on the conv model (the features are options of the GPT
+    model family; qat fake-quantizes Linear layers between the first and last stage, and the conv
+    model has none there, so it would quantize nothing)."""
     out = []
     for f in features:
         f = f.strip()
@@ -27,10 +28,10 @@ def check_features(features: Sequence[str], model: str = "gpt") -> list[str]:
         out.append(f)
     if "prune" in out and "moe" in out:
         raise ValueError("--features: prune removes dense MLP channels (and heads); it does not apply with moe")
-    bad = sorted(set(out) - {"qat"}) if model == "conv" else []
-    if bad:
-        raise ValueError(f"--features: {', '.join(bad)} apply to the GPT model only (the conv model "
-                         "takes qat); remove them or use the gpt model")
+    if model == "conv" and out:
+        raise ValueError(f"--features: {', '.join(out)} apply to the GPT model only (qat quantizes "
+                         "Linear layers, and the conv model has none between its first and last "
+                         "stage); remove them or use the gpt model")
     return out
 
 

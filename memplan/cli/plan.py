@@ -102,7 +102,14 @@ def plan_request_of(prof, *, strategy: str, sizes: dict, options: dict, **fields
     try:
         return plan_request(profile=prof, strategy=strategy, options=options, **sizes, **fields)
     except PlanError as err:
-        raise ValueError(f"{_option_name(err.field)}: {err.reason}") from None
+        raise ValueError(f"{_option_name(err.field)}: {_options_named(err.reason)}") from None
+
+
+def _options_named(reason: str) -> str:
+    """A reason's `options.<field>` mentions as this command's options (`--offload-bandwidth`)."""
+    import re
+
+    return re.sub(r"\boptions\.([a-z_]+)", lambda m: _OPTION.get(m.group(1), m.group(0)), reason)
 
 
 def _plan_with_progress(planner, request):

@@ -298,7 +298,8 @@ def _check_host_memory(request: dict[str, Any], settings: Settings) -> None:
 #   does not apply: the device is the server's, whichever function runs the job). With neither
 #   known (no worker has reported yet, or a Ray cluster), it is accepted and the job reports.
 # - features (built-in job functions only): known names (executor.features.check_features), and
-#   on the conv model only "qat" (executor.pipeline builds the other features into the GPT alone).
+#   none on the conv model (executor.pipeline builds them into the GPT alone; qat quantizes Linear
+#   layers, which the conv model has none of between its first and last stage).
 _CUDA_DEVICE = re.compile(r"cuda(:[0-9]{1,3})?")
 
 
@@ -319,7 +320,7 @@ def check_device(device: str | None, settings: Settings, worker_device: dict[str
 
 
 def check_features(model: str, features: list[str], *, field: str = "body.features") -> None:
-    """Refuse unknown features, ones that do not go together, and any but qat on the conv model
+    """Refuse unknown features, ones that do not go together, and any on the conv model
     (NOTE [ Device and features at submission ]). Raises AdmissionError naming `field`."""
     from memplan.executor.features import check_features as known_features
 

@@ -200,7 +200,8 @@ class GPTSweepConfig(GPTRunConfig):
 
 
 class ConvSweepConfig(ConvRunConfig):
-    """A sweep model's conv settings: a run's, and its features (qat only, executor.sweep checks)."""
+    """A sweep model's conv settings: a run's, and its features (none apply: executor.sweep
+    checks and refuses them)."""
 
     features: str | None = Field(default=None, max_length=64, description="comma-separated")
 

@@ -235,12 +235,13 @@ def test_offload_bandwidth_units_and_errors(profile_path):
     for args, needle in [
         (["--offload-bandwidth", "fast"], "--offload-bandwidth: cannot read 'fast' as bytes per second"),
         (["--offload-bandwidth", "-1GB/s"], "--offload-bandwidth: "),
-        (["--host-memory", "6"], "--host-memory: bounds the host memory"),
+        (["--host-memory", "6"], "--host-memory: bounds the host memory of offloaded activations, "
+         "and nothing is offloaded without --offload-bandwidth; give --offload-bandwidth"),
         (["--offload-bandwidth", "2", "--host-memory", "lots"], "--host-memory: cannot read 'lots'"),
         (["--offload-bandwidth", "2", "--strategy", "uniform"],
          "--offload-bandwidth: strategy 'uniform' takes no such option"),
         (["--offload-bandwidth", "2", "--checkpoint-dtype", "bf16"],
-         "--checkpoint-dtype: 'bf16' with options.offload_bandwidth"),
+         "--checkpoint-dtype: 'bf16' with --offload-bandwidth"),
     ]:
         res = runner.invoke(app, ["plan", str(profile_path), "--budget", "20", *args])
         assert res.exit_code == 2 and res.stderr.count("\n") == 1, (args, res.output)

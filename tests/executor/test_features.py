@@ -69,3 +69,14 @@ def test_memplan_run_json_and_bad_input():
     assert bad.exit_code == 2 and "--features" in bad.output
     bad = cli.invoke(app, ["run", "--budget", "lots"])
     assert bad.exit_code == 2 and "--budget" in bad.output
+
+
+def test_the_conv_model_takes_no_feature():
+    """qat on the conv model quantized 0 Linear layers and reported an ok QAT run: refused."""
+    from memplan.executor.features import check_features
+
+    assert check_features(["qat"], "gpt") == ["qat"]
+    for features in (["qat"], ["flash"]):
+        with pytest.raises(ValueError, match=f"^--features: {features[0]} apply to the GPT model only"):
+            check_features(features, "conv")
+    assert check_features([], "conv") == []
