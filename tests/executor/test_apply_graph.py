@@ -128,16 +128,21 @@ def _grads(m: nn.Module) -> list:
     return [None if p.grad is None else p.grad.clone() for p in m.parameters()]
 
 
+def _same_step(model: nn.Module, ref: nn.Module, seed: int) -> None:
+    """One step of both on a fresh batch: bitwise equal gradients."""
+    x, y = _batch(seed=seed)
+    model.zero_grad()
+    ref.zero_grad()
+    model(x, y).backward()
+    ref(x, y).backward()
+    assert all((a is None and b is None) or torch.equal(a, b)
+               for a, b in zip(_grads(model), _grads(ref), strict=True))
+
+
 def test_the_chain_without_the_path_plans_and_its_gradients_are_equal():
     model, ref, _, _ = _planned()
     for seed in (1, 2):
-        x, y = _batch(seed=seed)
-        model.zero_grad()
-        ref.zero_grad()
-        model(x, y).backward()
-        ref(x, y).backward()
-        assert all((a is None and b is None) or torch.equal(a, b)
-               for a, b in zip(_grads(model), _grads(ref), strict=True))
+        _same_step(model, ref, seed)
     remove_checkpoint(model)
 
 
@@ -166,13 +171,7 @@ def test_an_exception_inside_a_block_leaves_grad_mode_and_the_next_step_as_they_
         model(*_batch(seed=1))
     h.remove()
     assert torch.is_grad_enabled()
-    x, y = _batch(seed=2)
-    model.zero_grad()
-    ref.zero_grad()
-    model(x, y).backward()
-    ref(x, y).backward()
-    assert all((a is None and b is None) or torch.equal(a, b)
-               for a, b in zip(_grads(model), _grads(ref), strict=True))
+    _same_step(model, ref, 2)
     remove_checkpoint(model)
 
 
