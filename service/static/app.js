@@ -96,8 +96,11 @@ async function api(path, { method = "GET", body, headers = {}, raw = false } = {
     const text = await r.text();
     const data = text ? JSON.parse(text) : null;
     if (!r.ok) {
-      const where = data && data.errors && data.errors.length ? ` (${data.errors.map((e) => e.field).join(", ")})` : "";
-      throw new Error(((data && (data.detail || data.title)) || `HTTP ${r.status}`) + where);
+      const detail = (data && (data.detail || data.title)) || `HTTP ${r.status}`;
+      // name each refused field once: the detail usually says "field: why" already
+      const fields = data && Array.isArray(data.errors)
+        ? [...new Set(data.errors.map((e) => e.field))].filter((f) => f && !detail.includes(f)) : [];
+      throw new Error(detail + (fields.length ? ` (${fields.join(", ")})` : ""));
     }
     return data;
   }
@@ -135,16 +138,31 @@ async function loadExamples() {
   return list;
 }
 
+const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+const jsonKind = (v) => (v === null ? "null" : Array.isArray(v) ? "an array" : `a ${typeof v}`);
+
+// Plan `profile`: it becomes the page's profile only once the server accepted it (its frontier
+// came back); a refused one leaves the previous profile, its plan and frontier as they were, and
+// the error (naming the field) is thrown to the caller.
+let profileSeq = 0;
 async function useProfile(profile, source) {
-  state.profile = profile;
-  const n = profile.layers ? profile.layers.length : 0;
-  $("#profile-info").textContent = `${profile.name || "profile"}: ${n} stages, fixed ${fmtBytes(profile.fixed_bytes || 0)} (${source}).`;
+  if (!isObject(profile)) {
+    throw new Error(`a profile is a JSON object ({"name": ..., "layers": [...]}), not ${jsonKind(profile)}`);
+  }
+  const mine = ++profileSeq;
   status("tracing the frontier...");
   const fr = await api("/v1/plans/frontier", { method: "POST", body: { profile, options: { points: 60 } } });
+  if (mine !== profileSeq) return; // a profile picked later replaces this one
+  state.profile = profile;
+  const n = Array.isArray(profile.layers) ? profile.layers.length : 0;
+  const info = $("#profile-info");
+  info.textContent = `${profile.name || "profile"}: ${n} stages, fixed ${fmtBytes(profile.fixed_bytes || 0)} (${source}).`;
+  info.dataset.source = source;
   state.frontier = fr;
   state.lo = fr.least_peak_bytes;
   state.hi = fr.store_all_peak_bytes;
   renderFrontierTables(fr);
+  markStale("the new profile is being planned");
   for (const id of ["#budget-range", "#budget-text"]) $(id).disabled = false;
   // start halfway between the least feasible budget and store-all
   setBudget(Math.round(state.lo + 0.5 * (state.hi - state.lo)));
@@ -156,7 +174,12 @@ async function onExample() {
   if (!name) return;
   try {
     await useProfile(await api(`/v1/examples/${encodeURIComponent(name)}`), `example ${name}`);
-  } catch (err) { status(`example: ${err.message}`); }
+  } catch (err) { status(`example: ${err.message}${keeping()}`); }
+}
+
+// what a refused profile leaves in place, for the status line
+function keeping() {
+  return state.profile ? `; still planning ${state.profile.name || "the previous profile"}` : "";
 }
 
 function onUpload() {
@@ -169,7 +192,10 @@ function onUpload() {
       status(`upload: ${file.name} is not JSON (${err.message})`);
       return;
     }
-    try { await useProfile(data, `uploaded ${file.name}`); } catch (err) { status(`upload: ${err.message}`); }
+    try { await useProfile(data, `uploaded ${file.name}`); } catch (err) {
+      status(`upload: ${file.name} refused: ${err.message}${keeping()}`);
+      $("#upload").value = ""; // the input does not name a file that is not the one planned
+    }
   };
   reader.readAsText(file);
 }
@@ -186,9 +212,27 @@ async function onHfConfig() {
     status(`config.json: not JSON (${err.message})`);
     return;
   }
-  const config = { batch_size: Number($("#hf-batch").value) || 1, dtype: $("#hf-dtype").value };
+  if (!isObject(cfg)) {
+    status(`config.json: must be a JSON object ({"n_layer": 12, ...}), not ${jsonKind(cfg)}`);
+    return;
+  }
+  const batchText = $("#hf-batch").value.trim();
+  const batch = Number(batchText);
+  if (!batchText || !Number.isInteger(batch) || batch < 1) {
+    status(`batch size: must be a whole number of 1 or more, not ${JSON.stringify(batchText)}`);
+    return;
+  }
+  const config = { batch_size: batch, dtype: $("#hf-dtype").value };
   for (const [k, v] of Object.entries(cfg)) {
     if (k in HF_NAMES && v !== null) config[HF_NAMES[k]] = v;
+  }
+  if (!Object.keys(cfg).some((k) => k in HF_NAMES && cfg[k] !== null)) {
+    // with none of them the server would plan its default GPT, not the model meant
+    const byName = {};
+    for (const [k, name] of Object.entries(HF_NAMES)) byName[name] = [...(byName[name] || []), k];
+    const known = Object.values(byName).map((ks) => ks.join("/")).join(", ");
+    status(`config.json: none of ${known} found (it has ${Object.keys(cfg).join(", ") || "no keys"})`);
+    return;
   }
   status("deriving the analytic profile...");
   try {
@@ -213,6 +257,7 @@ function setBudget(bytes, { fromSlider = false } = {}) {
 }
 
 function onSlider() {
+  $("#budget-error").textContent = "";
   const pos = Number($("#budget-range").value);
   setBudget(Math.round(state.lo + (state.hi - state.lo) * pos / SLIDER_STEPS), { fromSlider: true });
 }
@@ -222,7 +267,10 @@ function onBudgetText() {
     const bytes = parseBytes($("#budget-text").value);
     $("#budget-error").textContent = "";
     setBudget(bytes);
-  } catch (err) { $("#budget-error").textContent = `budget: ${err.message}`; }
+  } catch (err) {
+    $("#budget-error").textContent = `budget: ${err.message}`;
+    markStale("the budget typed cannot be read");
+  }
 }
 
 let planTimer = null;
@@ -253,13 +301,18 @@ async function requestPlan() {
   const budget = state.budget;
   const strategy = $("#strategy").value;
   let bw;
-  try { bw = offloadBandwidth(); } catch (err) { return; }
+  try { bw = offloadBandwidth(); } catch (err) {
+    $("#plan-message").textContent = ""; // the reason is beside the field
+    markStale("the offload bandwidth cannot be read");
+    return;
+  }
   const body = { profile: state.profile, budget_bytes: budget, strategy };
   if (bw !== null && strategy === "optimal") body.options = { offload_bandwidth: bw };
   else if (bw !== null) $("#offload-error").textContent = `offload bandwidth: only the optimal strategy plans offload; this ${strategy} plan has none`;
   try {
     const data = await api("/v1/plans/timeline", { method: "POST", body });
     if (seq !== state.seq) return; // a newer request is on its way
+    clearStale();
     renderPlan(data.plan, data.timeline);
     const sec = $("#plan-section");
     sec.dataset.budget = String(budget);
@@ -267,8 +320,32 @@ async function requestPlan() {
     sec.dataset.offload = body.options ? String(body.options.offload_bandwidth) : "";
     sec.dataset.seq = String(seq);
   } catch (err) {
-    if (seq === state.seq) $("#plan-message").textContent = `plan: ${err.message}`;
+    if (seq !== state.seq) return;
+    markStale("the last request was refused");
+    $("#plan-message").textContent = `plan: ${err.message}`;
   }
+}
+
+// A plan request that was refused (or could not be sent) leaves the last plan drawn: grey out its
+// summary, stage table, timeline and frontier ring and say so, until a plan request succeeds.
+function markStale(why) {
+  const sec = $("#plan-section");
+  if (!sec.dataset.seq || sec.dataset.seq === "0") return; // nothing drawn yet
+  sec.dataset.stale = "1";
+  const offload = sec.dataset.offload ? `, offload at ${fmtBytes(Number(sec.dataset.offload))}/s` : "";
+  $("#plan-stale").textContent = `Not updated: ${why}. The plan below is the last one planned ` +
+    `(budget ${fmtBytes(Number(sec.dataset.budget))}, ${sec.dataset.strategy}${offload}).`;
+  $("#plan-stale").hidden = false;
+  if (state.timelineFromPlan) $("#timeline-section").dataset.stale = "1";
+  $("#frontier-section").dataset.stale = "1";
+}
+
+function clearStale() {
+  delete $("#plan-section").dataset.stale;
+  delete $("#timeline-section").dataset.stale;
+  delete $("#frontier-section").dataset.stale;
+  $("#plan-stale").textContent = "";
+  $("#plan-stale").hidden = true;
 }
 
 function renderPlan(plan, tl) {
@@ -302,6 +379,7 @@ function renderPlan(plan, tl) {
   ]) : [];
   fillRows($("#stages tbody"), rows);
   state.timeline = tl;
+  state.timelineFromPlan = true;
   state.cursor = tl ? tl.peak_op : null;
   $("#timeline-source").textContent = tl ? "the plan above (predicted)" : "";
   renderTimeline();
@@ -458,12 +536,13 @@ function renderTimelineTable() {
 // measured over predicted. `source` names where it came from; `snapshot` where its allocator
 // snapshot is (a file beside it, or the job's download link).
 function showRunTimeline(tl, source, snapshot) {
-  if (!tl || tl.format !== "memplan-timeline/1" || !Array.isArray(tl.ops) || !Array.isArray(tl.predicted_bytes)
-      || !Array.isArray(tl.stages) || tl.predicted_bytes.length !== tl.ops.length
-      || (tl.measured_bytes && tl.measured_bytes.length !== tl.ops.length)) {
-    throw new Error("not a memplan-timeline/1 file (memplan run --plot and run jobs write one)");
+  const problem = timelineProblem(tl);
+  if (problem) {
+    throw new Error(`not a memplan-timeline/1 file: ${problem} (memplan run --plot and run jobs write one)`);
   }
   state.timeline = tl;
+  state.timelineFromPlan = false;
+  delete $("#timeline-section").dataset.stale;
   state.cursor = tl.peak_op;
   const m = tl.measured_bytes;
   const snap = snapshot || (tl.snapshot ? `kept beside it: ${tl.snapshot}` : "");
@@ -477,13 +556,50 @@ function showRunTimeline(tl, source, snapshot) {
   renderTimelineTable();
 }
 
+// what a timeline file lacks for the chart (null when it has everything): checked before it
+// replaces the drawn timeline, so that a hand-edited file cannot leave the chart half drawn
+function timelineProblem(tl) {
+  if (!isObject(tl)) return `the file holds ${jsonKind(tl)}, not an object`;
+  if (tl.format !== "memplan-timeline/1") {
+    return tl.format === undefined ? "no format" : `format is ${JSON.stringify(tl.format)}`;
+  }
+  const nums = (a) => Array.isArray(a) && a.every((b) => typeof b === "number" && Number.isFinite(b));
+  if (!Array.isArray(tl.ops) || tl.ops.length === 0) return "no ops";
+  const n = tl.ops.length;
+  if (!Array.isArray(tl.stages) || !tl.stages.every((s) => isObject(s) && typeof s.role === "string")) {
+    return "no stages (each with its role)";
+  }
+  if (!nums(tl.predicted_bytes)) return "no predicted_bytes (a number per op)";
+  if (tl.predicted_bytes.length !== n) return `predicted_bytes has ${tl.predicted_bytes.length} entries for ${n} ops`;
+  if (!Array.isArray(tl.stage_of_op)) return "no stage_of_op (the stage of each op)";
+  if (tl.stage_of_op.length !== n) return `stage_of_op has ${tl.stage_of_op.length} entries for ${n} ops`;
+  const bad = tl.stage_of_op.findIndex((s) => !Number.isInteger(s) || s < 0 || s > tl.stages.length);
+  if (bad >= 0) return `stage_of_op[${bad}] is ${JSON.stringify(tl.stage_of_op[bad])}, not a stage 0..${tl.stages.length}`;
+  if (!Number.isInteger(tl.peak_op) || tl.peak_op < 0 || tl.peak_op >= n) {
+    return `peak_op is ${JSON.stringify(tl.peak_op)}, not an op 0..${n - 1}`;
+  }
+  if (typeof tl.peak_bytes !== "number" || !Number.isFinite(tl.peak_bytes)) return "no peak_bytes";
+  for (const key of ["measured_bytes", "predicted_host_bytes"]) {
+    if (tl[key] === null || tl[key] === undefined) continue;
+    if (!nums(tl[key])) return `${key} is not a number per op`;
+    if (tl[key].length !== n) return `${key} has ${tl[key].length} entries for ${n} ops`;
+  }
+  return null;
+}
+
 function onRunTimeline() {
   const file = $("#run-timeline").files[0];
   if (!file) return;
   const reader = new FileReader();
   reader.onload = () => {
-    try { showRunTimeline(JSON.parse(reader.result), file.name); } catch (err) {
-      $("#timeline-source").textContent = `run timeline: ${err.message}`;
+    const still = () => (state.timeline ? "; the chart still shows the previous timeline" : "");
+    let data;
+    try { data = JSON.parse(reader.result); } catch (err) {
+      $("#timeline-source").textContent = `run timeline: ${file.name} is not JSON (${err.message})${still()}`;
+      return;
+    }
+    try { showRunTimeline(data, file.name); } catch (err) {
+      $("#timeline-source").textContent = `run timeline: ${err.message}${still()}`;
     }
   };
   reader.readAsText(file);
@@ -549,7 +665,9 @@ function renderFrontierChart(predicted) {
     svg.append(el("svg:line", { x1: FR.l, x2: FR.w - FR.r, y1: y(ymax * j / 4), y2: y(ymax * j / 4), class: "grid" }));
     svg.append(el("svg:text", { x: FR.l - 6, y: y(ymax * j / 4) + 4, "text-anchor": "end" }, fmtPct(ymax * j / 4)));
     const b = xmin + (xmax - xmin) * j / 4;
-    svg.append(el("svg:text", { x: x(b), y: FR.h - FR.b + 16, "text-anchor": "middle" }, fmtBytes(b)));
+    // the last label ends at its grid line, so that it stays inside the chart
+    svg.append(el("svg:text", { x: x(b), y: FR.h - FR.b + 16, "text-anchor": j === 4 ? "end" : "middle",
+                                class: "x-tick" }, fmtBytes(b)));
   }
   let d = "";
   fr.points.forEach((p, i) => {
@@ -584,6 +702,10 @@ function renderFrontierChart(predicted) {
 }
 
 // ---- sizing -----------------------------------------------------------------------------------
+// counts (layers, devices, bytes, parameters) as the integers they are, as `memplan size` prints
+// them; other numbers to 5 significant digits
+const fmtNumber = (v) => (Number.isSafeInteger(v) ? String(v) : v.toPrecision(5));
+
 async function onSizing(ev) {
   ev.preventDefault();
   $("#sizing-error").textContent = "";
@@ -606,7 +728,7 @@ async function onSizing(ev) {
     dl.replaceChildren();
     for (const [k, v] of Object.entries(out)) {
       if (v === null || typeof v === "object") continue;
-      dl.append(el("dt", {}, k), el("dd", { "data-key": k }, typeof v === "number" ? v.toPrecision(5) : String(v)));
+      dl.append(el("dt", {}, k), el("dd", { "data-key": k }, typeof v === "number" ? fmtNumber(v) : String(v)));
     }
   } catch (err) { $("#sizing-error").textContent = `sizing: ${err.message}`; }
 }
@@ -624,13 +746,47 @@ async function refreshJobs() {
   } catch (err) { $("#jobs-error").textContent = `jobs: ${err.message}`; }
 }
 
+// A finished job's result, in words: a validation run's verdict (ok or mismatch, its message,
+// predicted against measured peak, the gradient check), a Hugging Face run's comparison, a
+// profile's stages. Returns {verdict, text} (verdict: the run's status, or "" when it has none).
+function resultSummary(job) {
+  const r = job.result;
+  if (job.state !== "succeeded" || !isObject(r)) return null;
+  const small = (x) => (typeof x !== "number" ? "-" : x === 0 ? "0" : x.toPrecision(3));
+  const pct = (x) => (typeof x === "number" ? ` (${x >= 0 ? "+" : ""}${x.toFixed(2)}%)` : "");
+  const peak = r.measured_peak_bytes !== undefined
+    ? `peak ${fmtBytes(r.predicted_peak_bytes)} predicted, ${fmtBytes(r.measured_peak_bytes)} measured${pct(r.peak_error_pct)}` : "";
+  if (job.kind === "run" && r.kind === "hf") {
+    // its message compares the peaks already
+    return { verdict: "", text: `${r.model}, ${r.strategy} plan: ${r.message || peak}` };
+  }
+  if (job.kind === "run") {
+    const grads = typeof r.grad_max_abs_diff === "number"
+      ? `gradients: max |diff| ${small(r.grad_max_abs_diff)}, relative ${small(r.grad_max_rel_diff)}` +
+        (typeof r.tolerance === "number" ? ` (tolerance ${r.tolerance})` : "") : "";
+    const status = typeof r.status === "string" ? r.status : "";
+    return { verdict: status, text: [status && `${status}: ${r.message || ""}`.replace(/: $/, ""), peak, grads]
+      .filter(Boolean).join("; ") };
+  }
+  if (Array.isArray(r.layers)) return { verdict: "", text: `${r.name || "profile"}: ${r.layers.length} stages` };
+  return null;
+}
+
 function jobItem(job) {
   const li = el("li", { id: `job-${job.id}`, "data-state": job.state });
   li.append(el("span", { class: "id" }, `${job.kind} ${job.id.slice(0, 12)}`));
-  li.append(el("span", { class: "state" }, job.state));
+  const summary = resultSummary(job);
+  // a run whose comparison failed finished, but it is not a success: the state says so
+  const verdict = summary && summary.verdict;
+  li.append(el("span", { class: verdict ? `state verdict-${verdict}` : "state" },
+               verdict ? `${job.state}: ${verdict}` : job.state));
+  if (verdict) li.dataset.verdict = verdict;
   const bar = el("progress", { max: 1, value: job.progress, "aria-label": `progress of ${job.kind} ${job.id}` });
   li.append(bar);
   li.append(el("span", { class: "msg" }, job.error ? job.error.detail : job.message || ""));
+  if (summary && summary.text) {
+    li.append(el("span", { class: verdict ? `result verdict-${verdict}` : "result" }, summary.text));
+  }
   const arts = job.artifacts || [];
   if (arts.length) {
     const box = el("span", { class: "artifacts" });

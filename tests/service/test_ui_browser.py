@@ -715,3 +715,206 @@ def test_api_key_is_asked_once_and_sent_as_a_bearer_token(keyed_serve, browser):
     assert sent and all(s["headers"].get("Authorization") == "Bearer s3cret" for s in sent)
     assert b.js("document.body.dataset.keyPrompts") == "1"
     assert b.errors() == []
+
+
+# ---- regressions: the page's handling of refusals and of what it shows (report A-2..A-8) -------
+
+def text(b: Browser, sel: str) -> str:
+    return b.js(f"document.querySelector({json.dumps(sel)}).textContent")
+
+
+def test_a_refused_profile_leaves_the_planned_one(serve, browser, tmp_path):
+    """A profile the server refuses (or that is not a JSON object) does not replace the page's
+    profile: the status names the refused field, and the profile line, the plan and the frontier
+    stay those of the profile planned; the slider still plans that one."""
+    b = browser
+    open_page(b, serve.url)
+    profile = make_profile(8)
+    frontier = api_frontier(serve.url, profile)
+    upload_profile(b, profile, tmp_path / "chain8.json")
+    b.wait("Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
+    info = text(b, "#profile-info")
+    before = check_against_api(b, serve.url, profile, frontier)
+
+    negative = make_profile(12)
+    negative["layers"][3]["saved_bytes"] = -5
+    for name, bad, says in [("neg.json", negative, "body.profile.layers.3.saved_bytes"),
+                            ("empty.json", {"name": "x", "layers": []}, "body.profile.layers"),
+                            ("arr.json", [1, 2, 3], "not an array"), ("null.json", None, "not null")]:
+        b.js("document.querySelector('#status').textContent = ''")
+        upload_profile(b, bad, tmp_path / name)
+        b.wait(f"document.querySelector('#status').textContent.startsWith('upload: {name} refused')", f"{name}'s refusal")
+        status = text(b, "#status")
+        assert says in status and status.endswith("still planning chain8"), status
+        assert status.count(says) == 1, status
+        assert text(b, "#profile-info") == info
+        assert b.js("document.querySelector('#upload').value") == ""
+        assert shown(b) == before
+    # the slider plans the profile still shown, with no refusal
+    seq = b.js("Number(document.querySelector('#plan-section').dataset.seq)")
+    b.js("document.querySelector('#budget-range').focus()")
+    b.key("Home", vk=36)
+    b.wait(f"Number(document.querySelector('#plan-section').dataset.seq) > {seq}", "the plan at the least budget")
+    check_against_api(b, serve.url, profile, frontier)
+    assert not text(b, "#plan-message").startswith("plan:")
+    assert b.errors() == []
+
+
+def test_derive_profile_refuses_what_it_cannot_read(serve, browser):
+    """"Derive profile" says why it sends nothing: a config.json that is not an object (null
+    threw a TypeError), one with none of the names memplan maps (the server would plan its
+    default GPT), and a batch size below 1 (0 became 1)."""
+    b = browser
+    open_page(b, serve.url)
+    n_jobs = len(httpx.get(serve.url + "/v1/profiles", params={"limit": 500}).json()["items"])
+    good = json.dumps({"n_layer": 2, "n_embd": 64, "n_head": 2})
+    cases = [("null", "8", "config.json: must be a JSON object"), ("[1, 2]", "8", "not an array"),
+             ("{}", "8", "config.json: none of num_hidden_layers/n_layer"),
+             (json.dumps({"num_layers": 2, "d_model": 64}), "8", "(it has num_layers, d_model)"),
+             (good, "0", 'batch size: must be a whole number of 1 or more, not "0"'),
+             (good, "-2", "batch size: must be a whole number"), (good, "1.5", "batch size: must be a whole number")]
+    b.js("document.querySelector('#hf').open = true")
+    for cfg, batch, says in cases:
+        b.js(f"document.querySelector('#status').textContent = '';"
+             f"document.querySelector('#hf-config').value = {json.dumps(cfg)};"
+             f"document.querySelector('#hf-batch').value = {json.dumps(batch)};"
+             "document.querySelector('#hf-go').click()")
+        b.wait("document.querySelector('#status').textContent !== ''", f"the answer to {cfg} / batch {batch}")
+        assert says in text(b, "#status"), (cfg, batch, text(b, "#status"))
+    assert text(b, "#profile-info") == "No profile loaded."
+    assert len(httpx.get(serve.url + "/v1/profiles", params={"limit": 500}).json()["items"]) == n_jobs
+    assert b.errors() == []
+
+
+def test_a_refused_plan_request_greys_out_the_last_plan(serve, browser, tmp_path):
+    """A budget or offload bandwidth the server refuses leaves the last plan drawn, marked as not
+    updated (greyed out, with a note naming the plan it is) until a plan request succeeds; the
+    message names the refused field once."""
+    b = browser
+    open_page(b, serve.url)
+    profile = make_profile(8)
+    upload_profile(b, profile, tmp_path / "chain8.json")
+    b.wait("Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
+    stale = ("[document.querySelector('#plan-section').dataset.stale, document.querySelector('#timeline-section').dataset.stale,"
+             " document.querySelector('#frontier-section').dataset.stale, document.querySelector('#plan-stale').hidden]")
+    assert b.js(stale) == [None, None, None, True]
+    budget = b.js("Number(document.querySelector('#plan-section').dataset.budget)")
+
+    def typed(sel: str, value: str) -> None:
+        b.js(f"(() => {{ const t = document.querySelector({json.dumps(sel)}); t.focus(); t.value = {json.dumps(value)};"
+             " t.dispatchEvent(new Event('change')); })()")
+
+    typed("#budget-text", "2e18")  # the page reads it; the server's limit is 2^60 bytes
+    b.wait("document.querySelector('#plan-message').textContent.startsWith('plan:')", "the refusal")
+    message = text(b, "#plan-message")
+    assert message.startswith("plan: body.budget_bytes: at most 2^60") and message.count("body.budget_bytes") == 1
+    assert b.js(stale) == ["1", "1", "1", False]
+    note = text(b, "#plan-stale")
+    assert note.startswith("Not updated: the last request was refused.") and "optimal" in note
+    assert b.js("Number(document.querySelector('#plan-section').dataset.budget)") == budget
+    assert float(b.js("getComputedStyle(document.querySelector('#summary')).opacity")) < 1
+    # a budget that plans clears the mark
+    typed("#budget-text", f"{budget}B")
+    b.wait("document.querySelector('#plan-section').dataset.stale === undefined", "the plan, current again")
+    assert b.js(stale) == [None, None, None, True]
+    # an offload bandwidth the server refuses (at most 1e15 B/s), and one the page cannot read
+    typed("#offload-text", "2e15")
+    b.wait("document.querySelector('#plan-section').dataset.stale === '1'", "the bandwidth's refusal")
+    assert text(b, "#plan-message").count("body.options.offload_bandwidth") == 1
+    typed("#offload-text", "fast")
+    b.wait("document.querySelector('#plan-stale').textContent.includes('offload bandwidth cannot be read')",
+           "the bandwidth's own refusal")
+    assert b.js("document.querySelector('#plan-section').dataset.stale") == "1"
+    typed("#offload-text", "")
+    b.wait("document.querySelector('#plan-section').dataset.stale === undefined", "the plan, current again")
+    assert b.errors() == []
+
+
+def test_a_finished_runs_verdict_is_shown(serve, browser):
+    """The jobs list says a finished validation run's verdict: ok or mismatch in its state, and
+    its message, predicted against measured peak and the gradient check; a mismatch does not read
+    as a plain success. (The fake run of these tests has no report: its result is drawn from a
+    RunReport-shaped job, as the end event and the job list give it.)"""
+    b = browser
+    open_page(b, serve.url)
+    report = {"status": "mismatch", "message": "peak 273178 B measured, 263812 B predicted (+3.43%, beyond the 2% tolerance)",
+              "predicted_peak_bytes": 263812, "measured_peak_bytes": 273178, "peak_error_pct": 3.43,
+              "grad_max_abs_diff": 0.0, "grad_max_rel_diff": 0.0, "tolerance": 1e-6}
+    job = {"id": "f" * 32, "kind": "run", "state": "succeeded", "progress": 1, "message": "done",
+           "created_at": 0, "request": {}, "result": report, "artifacts": []}
+
+    def item(j: dict) -> dict:
+        return b.js(f"(() => {{ const li = jobItem({json.dumps(j)}); return {{verdict: li.dataset.verdict || null,"
+                    " state: li.querySelector('.state').textContent, result: (li.querySelector('.result') || {}).textContent || ''}; })()")
+
+    got = item(job)
+    assert got["verdict"] == "mismatch" and got["state"] == "succeeded: mismatch"
+    assert got["result"].startswith("mismatch: peak 273178 B measured")
+    assert "257.63 KiB predicted, 266.78 KiB measured (+3.43%)" in got["result"]
+    assert "gradients: max |diff| 0, relative 0" in got["result"]
+    got = item({**job, "result": {**report, "status": "ok", "message": "bitwise equal"}})
+    assert (got["verdict"], got["state"]) == ("ok", "succeeded: ok") and got["result"].startswith("ok: bitwise equal")
+    hf = {"kind": "hf", "model": "gpt2", "strategy": "optimal", "predicted_peak_bytes": 10, "measured_peak_bytes": 10,
+          "message": "the plan saves nothing here"}
+    got = item({**job, "result": hf})
+    assert got == {"verdict": None, "state": "succeeded", "result": "gpt2, optimal plan: the plan saves nothing here"}
+    # a run of the fake job function (no report) still reads as it did
+    r = httpx.post(serve.url + "/v1/runs", json={"steps": 1}).json()
+    b.js("document.querySelector('#jobs-refresh').click()")
+    li = f"document.getElementById('job-{r['id']}')"
+    b.wait(f"{li} && {li}.dataset.state === 'succeeded'", "the fake run in the list", timeout_s=60)
+    assert b.js(f"{li}.querySelector('.state').textContent") == "succeeded"
+    assert b.errors() == []
+
+
+def test_a_timeline_file_missing_what_the_chart_needs_is_refused(serve, browser, tmp_path):
+    """A hand-edited timeline (no stage_of_op, a peak_op out of range) is refused, naming what
+    is missing, before it replaces the timeline drawn: no exception, no half-drawn chart."""
+    from memplan.planner import plan as make_plan
+    from memplan.planner.timeline import plan_timeline
+    from memplan.profiler.schema import load_profile
+
+    prof = load_profile(make_profile(6))
+    tl = json.loads(plan_timeline(prof, make_plan(prof, strategy="sqrt")).model_dump_json())
+    b = browser
+    open_page(b, serve.url)
+    good = tmp_path / "good.timeline.json"
+    good.write_text(json.dumps(tl))
+    pick_file(b, good, "#run-timeline")
+    b.wait("document.querySelector('#timeline-line') !== null", "the timeline")
+    drawn = b.js("document.querySelector('#timeline-chart').innerHTML")
+    cases = [({k: v for k, v in tl.items() if k != "stage_of_op"}, "no stage_of_op"),
+             ({**tl, "stage_of_op": tl["stage_of_op"][:-1]}, "stage_of_op has"),
+             ({**tl, "peak_op": 999}, f"peak_op is 999, not an op 0..{len(tl['ops']) - 1}"),
+             ({**tl, "peak_op": -1}, "peak_op is -1"), ([1, 2], "the file holds an array")]
+    for i, (bad, says) in enumerate(cases):
+        path = tmp_path / f"bad{i}.json"
+        path.write_text(json.dumps(bad))
+        b.js("document.querySelector('#run-timeline').value = ''")
+        pick_file(b, path, "#run-timeline")
+        b.wait(f"document.querySelector('#timeline-source').textContent.includes({json.dumps(says)})", f"refusal: {says}")
+        assert text(b, "#timeline-source").startswith("run timeline: not a memplan-timeline/1 file: ")
+        assert b.js("document.querySelector('#timeline-chart').innerHTML") == drawn
+    assert "undefined" not in text(b, "#timeline-chart")
+    assert b.errors() == []
+
+
+def test_sizing_prints_counts_as_integers_and_the_frontier_labels_fit(serve, browser):
+    """The sizing answer prints integer counts as integers (n_layer 28, not 28.000), as `memplan
+    size` does; every x label of the frontier chart lies inside its viewBox."""
+    b = browser
+    open_page(b, serve.url)
+    b.js("document.querySelector('#sz-memory').value = '80GB'; document.querySelector('#sizing-form').requestSubmit()")
+    b.wait("document.querySelector('#sizing-out [data-key=n_layer]') !== null", "the sizing answer")
+    want = httpx.get(serve.url + "/v1/sizing", params={"memory_bytes": 80_000_000_000, "devices": 1}).json()
+    got = b.js("Object.fromEntries([...document.querySelectorAll('#sizing-out dd')].map(d => [d.dataset.key, d.textContent]))")
+    ints = {k: v for k, v in want.items() if isinstance(v, int) and not isinstance(v, bool)}
+    assert {"n_layer", "d_model", "n_devices", "micro_batch", "zero_stage", "checkpoints"} <= set(ints)
+    for k, v in ints.items():
+        assert got[k] == str(v), (k, got[k])
+    b.js("(() => { const s = document.querySelector('#example'); s.value = 'gpt24'; s.dispatchEvent(new Event('change')); })()")
+    b.wait("Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the example's plan", timeout_s=120)
+    boxes = b.js("[...document.querySelectorAll('#frontier-chart text.x-tick')].map(t => { const r = t.getBBox();"
+                 " return [r.x, r.x + r.width]; })")
+    assert len(boxes) == 5 and all(0 <= lo and hi <= 860 for lo, hi in boxes), boxes
+    assert b.errors() == []
