@@ -158,6 +158,8 @@ def _call(model: nn.Module, inputs: Any, *, arg: str = "example_batch") -> Any:
     training step ]), a tuple or list as positional arguments, anything else as the one argument.
     A TypeError of the call (most often a batch of the wrong form: (inputs, target) without
     loss_fn) is an `InstallError` naming `arg` and loss_fn, the original chained."""
+    if inputs is None:
+        raise InstallError(f"{arg}: got None; give the batch the model is called on ({_FORMS})")
     try:
         if isinstance(inputs, dict):
             return model(**_no_cache(model, inputs))

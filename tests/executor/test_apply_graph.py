@@ -192,6 +192,8 @@ def test_bad_arguments_and_saving_the_installed_model_are_refused_by_name():
         auto_checkpoint(model, _batch(), budget=10**6, memory="80GB", profile=prof)
     with pytest.raises(InstallError, match="^budget: "):
         auto_checkpoint(model, _batch(), budget=2**61, profile=prof)
+    with pytest.raises(InstallError, match="^batch: got None"):
+        measure_step(model, None)
     for bad in ("not json", "{}", {"strategy": "optimal"}):
         with pytest.raises(InstallError, match="^plan: ") as err:
             install_plan(model, bad, _batch())
