@@ -9,6 +9,7 @@ synchronisation on the CPU; medians over `repeats` after `warmup` runs (NOTE [ t
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 
@@ -180,11 +181,21 @@ def forward_flops(stage, x_prev, ctx) -> float:
     def cpu_flash(q, k, v, *args, out_shape=None, **kwargs) -> int:
         return sdpa_flop_count(q, k, v)
 
-    # the CPU flash kernel has no formula of its own in FlopCounterMode: count it like SDPA's
+    def grouped_mm(a, b, *args, out_shape=None, **kwargs) -> int:
+        # a multiply-add per output element and contracted index: (M, K) x (G, K, N) -> (M, N)
+        # with offsets (each row's expert), (G, M, K) x (G, K, N); (M, Ktot) x (Ktot, N) -> (G, M, N)
+        # with offsets on K sums the groups' K to Ktot
+        if len(a) == 2 and len(b) == 2:  # (shapes, as FlopCounterMode passes them)
+            return 2 * a[0] * a[1] * b[1]
+        return 2 * math.prod(out_shape) * a[-1]
+
+    # kernels with no formula of their own in FlopCounterMode (counted 0): the CPU flash kernel
+    # (as SDPA's), and the grouped matmul of Hugging Face's MoE experts
     x = x_prev.detach()
     counter = FlopCounterMode(
         display=False,
-        custom_mapping={torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash},
+        custom_mapping={torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash,
+                        torch.ops.aten._grouped_mm: grouped_mm},
     )
     with torch.no_grad(), counter, ctx():
         stage(x)
