@@ -173,9 +173,10 @@ class _Asker:
 
         # the cut's embedding stage has no FLOPs; the device type sets AdamW's step counters
         lay = self.layout(n if n is not None else self.mp, T)
-        return rank_profile(self.shape, lay, p, B=B, T=T, precision=precision, attention=self.req.attention,
+        prof = rank_profile(self.shape, lay, p, B=B, T=T, precision=precision, attention=self.req.attention,
                             optimizer=self.req.optimizer, flops_per_s=self.flops_per_s,
                             zero_stage=self.req.zero_stage)
+        return _with_pending_tied_grad(prof, lay.pp)
 
     def plan(self, B: int, T: int, n: int, precision: str, strategy: str = "optimal", p: int = 0):
         key = (B, T, n, precision, strategy, p)
@@ -214,6 +215,30 @@ class _Asker:
             if cap is not None and pl.predicted.overhead > cap + 1e-12:
                 return False
         return True
+
+
+def _with_pending_tied_grad(prof, pp: int):
+    """`prof` (a pipeline rank's profile) with a tied embedding's pending gradient in its fixed
+    bytes when the rank holds both the embedding and the head (pp = 1).
+
+    NOTE [ Parameters shared between stages ] (profiler/measure.py): autograd holds the head's
+    gradient of the tied matrix until the embedding's backward adds its own, through the whole
+    backward; hf_analytic_profile records it as meta.fixed.pending_shared_grad_bytes (in the
+    gradient's dtype of the policy, this tensor-parallel rank's vocabulary rows) and counts it in
+    its fixed bytes, as the measured profile does. rank_profile re-prices the model states and
+    leaves it out, so it is added back here. It is not sharded by ZeRO: it is autograd's buffer of
+    the whole weight before any reduce-scatter, and shard_profile keeps the fixed bytes other than
+    the states (buffers, this pending gradient, step counters) whole on every GPU, as it does for
+    a measured profile. With pp > 1 the embedding and the head are on different ranks (no pending
+    sum on either); the last rank's copy of the tied matrix is not modelled (docs/capacity.md)."""
+    fixed = prof.meta.get("fixed", {})
+    pending = int(fixed.get("pending_shared_grad_bytes", 0))
+    if pp > 1 or not pending:
+        return prof.model_copy(update={"meta": {**prof.meta, "fixed": {**fixed, "pending_shared_grad_bytes": 0}}}) \
+            if pending else prof
+    fixed = {**fixed, "total_bytes": fixed["total_bytes"] + pending}
+    return prof.model_copy(update={"fixed_bytes": prof.fixed_bytes + pending,
+                                   "meta": {**prof.meta, "fixed": fixed}})
 
 
 def _largest(ok, low: int, cap: int) -> tuple[int, bool]:
@@ -399,6 +424,7 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
                            "one tensor/context-parallel rank's, optimal checkpoint plan; transient "
                            "bytes estimated",
             "comm_buffers": {k: v for k, v in buffers.items()},
+            "pending_shared_grad_bytes": prof_w.meta["fixed"].get("pending_shared_grad_bytes", 0),
             "not_counted": "NCCL's channel buffers, allocator fragmentation, CUDA context",
         },
     )

@@ -80,6 +80,7 @@ import math
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
+from memplan.profiler.hf_config import MAX_LAYERS
 from memplan.profiler.precision import infer_policy, policy_dtypes, precision_meta
 from memplan.profiler.schema import (
     OPTIMIZER_BUFFERS,
@@ -137,6 +138,25 @@ def _widths(c: dict[str, Any]) -> tuple[int, int, int]:
         raise ProfileError(f"n_head: n_embd ({C}) must be divisible by n_head ({H}), or set head_dim")
     hd = c["head_dim"] or C // H
     return hd, H * hd, c["ffn_hidden"] or 4 * C
+
+
+def _check_flops_per_s(flops_per_s: Any) -> None:
+    """Refuse a throughput that is not a finite number > 0 (infinity made every time 0)."""
+    if isinstance(flops_per_s, bool) or not isinstance(flops_per_s, (int, float)) \
+            or not math.isfinite(flops_per_s) or not flops_per_s > 0:
+        raise ProfileError(f"flops_per_s: must be a finite number > 0 (FLOP/s), got {flops_per_s!r}")
+
+
+def _check_layers(c: dict[str, Any]) -> None:
+    """The GPT's block count within MAX_LAYERS, and a finite expert capacity factor."""
+    L = c["n_layer"]
+    if isinstance(L, int) and not isinstance(L, bool) and L > MAX_LAYERS:
+        raise ProfileError(f"n_layer: at most {MAX_LAYERS:,} blocks (memplan's ceiling, NOTE [ A ceiling "
+                           f"on decoder layers ] in profiler/hf_config.py), got {L:,}")
+    f = c["moe_capacity_factor"]
+    if c["moe_experts"] and (isinstance(f, bool) or not isinstance(f, (int, float))
+                             or not math.isfinite(f) or not f > 0):
+        raise ProfileError(f"moe_capacity_factor: must be a finite number > 0, got {f!r}")
 
 
 def _device_kind(device: str) -> str:
@@ -325,14 +345,46 @@ def gpt_analytic_profile(
     compute) sets the parameters' dtype (so the bytes per parameter of weights, gradients and the
     optimizer's state) and the compute dtype (mixed: autocast). `meta["precision"]` records the
     policy and optimizer assumed."""
+    from pydantic import ValidationError
+
+    kw = dict(device=device, flops_per_s=flops_per_s, optimizer=optimizer, name=name,
+              precision=precision, cpu_threads=cpu_threads)
+    try:
+        return _gpt_analytic_profile(cfg, **kw)
+    except ValidationError as err:  # a size beyond the profile's ceilings (NOTE [ ceilings ])
+        c = _config(cfg, _GPT_DEFAULTS)
+        # blame the batch, then the sequence, when the profile is within the ceilings without them
+        for field, smaller in (("batch_size", {"batch_size": 1}),
+                               ("batch_size, block_size", {"batch_size": 1, "block_size": 1})):
+            try:
+                _gpt_analytic_profile({**c, **smaller}, **kw)
+                fix = "a smaller batch" if field == "batch_size" else "a smaller batch or sequence"
+                break
+            except (ValidationError, ProfileError):
+                continue
+        else:
+            field, fix = "n_layer, n_embd, vocab_size", "a smaller model (layers, width, vocabulary)"
+        raise _over_ceiling(err, field, fix) from None
+
+
+def _over_ceiling(err, field: str, fix: str) -> ProfileError:
+    """One line naming `field` for pydantic's `err` about a size over the profile's ceilings."""
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return ProfileError(f"{field}: the profile's {where} exceeds memplan's ceilings ({first['msg']}; "
+                        f"NOTE [ ceilings ] in profiler/schema.py); give {fix}")
+
+
+def _gpt_analytic_profile(cfg: Any, *, device: str, flops_per_s: float, optimizer: str,
+                          name: str | None, precision: str | None, cpu_threads: int) -> Profile:
     c = _config(cfg, _GPT_DEFAULTS)
     kind = _device_kind(device)
     param_dtype, compute_dtype = _policy(c, precision)
     mixed = param_dtype != compute_dtype
     if mixed:
         _check_autocast_covered(c, precision)
-    if not flops_per_s > 0:
-        raise ProfileError(f"flops_per_s: must be > 0, got {flops_per_s}")
+    _check_flops_per_s(flops_per_s)
+    _check_layers(c)
     if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1:
         raise ProfileError(f"cpu_threads: the intra-op threads (torch.get_num_threads()), an integer "
                            f">= 1, got {cpu_threads!r}")
@@ -459,8 +511,10 @@ def conv_analytic_profile(
             "(autocast); measure the model under autocast (memplan profile --autocast bfloat16)"
         )
     c = {**c, "dtype": param_dtype}
-    if not flops_per_s > 0:
-        raise ProfileError(f"flops_per_s: must be > 0, got {flops_per_s}")
+    _check_flops_per_s(flops_per_s)
+    if sum(c["blocks"]) > MAX_LAYERS:
+        raise ProfileError(f"blocks: at most {MAX_LAYERS:,} blocks in all (memplan's ceiling, NOTE "
+                           f"[ A ceiling on decoder layers ] in profiler/hf_config.py), got {sum(c['blocks']):,}")
     e = _ELEMENT[c["dtype"]]
     B, hw, cin = c["batch_size"], c["image_size"], c["in_channels"]
     chans, blocks = tuple(c["channels"]), tuple(c["blocks"])

@@ -20,13 +20,14 @@ built on the meta device (tests/profiler/test_hf_config.py). No torch, no transf
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memplan.profiler.schema import ProfileError, check_optimizer
 
-__all__ = ["CONFIG_DTYPES", "DecoderShape", "ParamCounts", "decoder_shape", "param_counts", "n_params", "FAMILIES",
+__all__ = ["CONFIG_DTYPES", "MAX_LAYERS", "DecoderShape", "ParamCounts", "decoder_shape", "param_counts", "n_params", "FAMILIES",
            "hf_analytic_profile", "hf_model", "measure_hf_config", "check_split"]
 
 # model_type -> the family whose layer layout it has
@@ -36,6 +37,14 @@ FAMILIES: dict[str, str] = {
     "gpt_neox": "gpt_neox",
 }
 
+
+# NOTE [ A ceiling on decoder layers ]
+# Every count, profile and plan here walks the layers one by one, so a config's layer count is held
+# to MAX_LAYERS: far above any published decoder (~130 layers) and the planner's order of stages,
+# low enough that a profile of that many stages is made in seconds. A larger count is refused in
+# one line naming the field, before any work (without it 1e9 layers ran for minutes and ended in
+# a MemoryError).
+MAX_LAYERS = 10_000
 
 # the dtype names a Hugging Face config may give as `torch_dtype` or `dtype` (torch.<name> is a
 # floating torch.dtype); the model is built in float32 whatever it says
@@ -116,13 +125,41 @@ def _load(config: str | Path | dict) -> dict:
     return data
 
 
-def _int(cfg: dict, key: str, *, default: int | None = None, low: int = 1) -> int:
+def _int(cfg: dict, key: str, *, default: int | None = None, low: int = 1, high: int | None = None) -> int:
     value = cfg.get(key, default)
     if value is None:
         raise ProfileError(f"config.{key}: missing; a Hugging Face config of this model_type has it")
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ProfileError(f"config.{key}: expected an integer >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ProfileError(f"config.{key}: at most {high:,} (memplan's ceiling, NOTE [ A ceiling on "
+                           f"decoder layers ] in profiler/hf_config.py), got {value:,}; give a smaller model")
     return value
+
+
+def _layers(cfg: dict, key: str) -> int:
+    """The config's decoder layer count `key`, at most MAX_LAYERS."""
+    return _int(cfg, key, high=MAX_LAYERS)
+
+
+def _bool(cfg: dict, key: str, default: bool) -> bool:
+    """The boolean `key` of the config (`default` when absent). JSON true or false only, as
+    transformers' own configs check: a string such as "false" is not read as true."""
+    if key not in cfg:
+        return default
+    value = cfg[key]
+    if not isinstance(value, bool):
+        raise ProfileError(f"config.{key}: expected true or false (a JSON boolean), got {value!r}")
+    return value
+
+
+def _top_k(cfg: dict, experts: int, experts_key: str) -> int:
+    """num_experts_per_tok: at least 1 and at most the `experts` of `experts_key`."""
+    k = _int(cfg, "num_experts_per_tok")
+    if k > experts:
+        raise ProfileError(f"config.num_experts_per_tok: {k} experts per token is more than the "
+                           f"{experts} experts of config.{experts_key}; choose at most {experts}")
+    return k
 
 
 def decoder_shape(config: str | Path | dict) -> DecoderShape:
@@ -132,8 +169,13 @@ def decoder_shape(config: str | Path | dict) -> DecoderShape:
     know or a missing or malformed field. Defaults are transformers' own where the config may omit
     a field (e.g. num_key_value_heads = num_attention_heads)."""
     cfg = _load(config)
-    mt = cfg.get("model_type")
-    if mt not in FAMILIES:
+    if "model_type" not in cfg or cfg["model_type"] in (None, ""):
+        # a config without it is not a Hugging Face config.json memplan can read (none of the
+        # other keys is looked at, so a misspelt config is never priced as some default model)
+        raise ProfileError(f"config.model_type: missing; a Hugging Face config.json names its "
+                           f"model_type, one of {', '.join(FAMILIES)}")
+    mt = cfg["model_type"]
+    if not isinstance(mt, str) or mt not in FAMILIES:
         raise ProfileError(f"config.model_type: {mt!r} is not a decoder memplan knows; choose a config "
                            f"of {', '.join(FAMILIES)}")
     fam = FAMILIES[mt]
@@ -142,15 +184,17 @@ def decoder_shape(config: str | Path | dict) -> DecoderShape:
         H = _int(cfg, "n_head")
         if C % H:
             raise ProfileError(f"config.n_head: n_embd ({C}) must be divisible by n_head ({H})")
+        # n_inner: null or absent means 4 x n_embd, as transformers' GPT2MLP reads it
+        inner = 4 * C if cfg.get("n_inner") is None else _int(cfg, "n_inner")
         return DecoderShape(
             model_type=mt, family=fam, vocab_size=_int(cfg, "vocab_size"), hidden_size=C,
-            n_layer=_int(cfg, "n_layer"), n_head=H, n_kv_head=H, head_dim=C // H,
-            intermediate_size=cfg.get("n_inner") or 4 * C, tie_embeddings=cfg.get("tie_word_embeddings", True),
+            n_layer=_layers(cfg, "n_layer"), n_head=H, n_kv_head=H, head_dim=C // H,
+            intermediate_size=inner, tie_embeddings=_bool(cfg, "tie_word_embeddings", True),
             qkv_bias=True, o_bias=True, mlp_bias=True, norm="layer",
             max_positions=_int(cfg, "n_positions", default=1024))
     C = _int(cfg, "hidden_size")
     H = _int(cfg, "num_attention_heads")
-    L = _int(cfg, "num_hidden_layers")
+    L = _layers(cfg, "num_hidden_layers")
     KV = _int(cfg, "num_key_value_heads", default=H)
     if H % KV:
         raise ProfileError(f"config.num_key_value_heads: {KV} must divide num_attention_heads ({H})")
@@ -162,7 +206,7 @@ def decoder_shape(config: str | Path | dict) -> DecoderShape:
         hd = C // H
     hd = _int({"head_dim": hd}, "head_dim")
     V = _int(cfg, "vocab_size")
-    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    window = cfg.get("sliding_window") if _bool(cfg, "use_sliding_window", True) else None
     common = dict(model_type=mt, family=fam, vocab_size=V, hidden_size=C, n_layer=L, n_head=H,
                   n_kv_head=KV, head_dim=hd, rope_theta=cfg.get("rope_theta"),
                   sliding_window=window if isinstance(window, int) else None)
@@ -172,28 +216,28 @@ def decoder_shape(config: str | Path | dict) -> DecoderShape:
                                f"num_attention_heads ({H})")
         return DecoderShape(**{**common, "n_kv_head": H, "head_dim": C // H},
                             intermediate_size=_int(cfg, "intermediate_size"),
-                            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                            qkv_bias=bool(cfg.get("attention_bias", True)),
-                            o_bias=bool(cfg.get("attention_bias", True)), mlp_bias=True, norm="layer")
+                            tie_embeddings=_bool(cfg, "tie_word_embeddings", False),
+                            qkv_bias=_bool(cfg, "attention_bias", True),
+                            o_bias=_bool(cfg, "attention_bias", True), mlp_bias=True, norm="layer")
     tie_default = mt in ("gemma", "gemma2")
-    tie = bool(cfg.get("tie_word_embeddings", tie_default))
-    attn_bias = bool(cfg.get("attention_bias", False))
+    tie = _bool(cfg, "tie_word_embeddings", tie_default)
+    attn_bias = _bool(cfg, "attention_bias", False)
     base = dict(common, tie_embeddings=tie,
                 qkv_bias=True if mt in ("qwen2", "qwen2_moe") else attn_bias,
                 o_bias=False if mt in ("qwen2", "qwen2_moe") else attn_bias,
-                mlp_bias=bool(cfg.get("mlp_bias", False)),
+                mlp_bias=_bool(cfg, "mlp_bias", False),
                 norms_per_layer=4 if mt == "gemma2" else 2, qk_norm=mt == "qwen3")
     if fam == "llama":
         return DecoderShape(**base, intermediate_size=_int(cfg, "intermediate_size"))
     if fam == "mixtral":
         E = _int(cfg, "num_local_experts")
-        k = _int(cfg, "num_experts_per_tok")
+        k = _top_k(cfg, E, "num_local_experts")
         F = _int(cfg, "intermediate_size")
         return DecoderShape(**base, intermediate_size=F, n_experts=E, top_k=k,
                             expert_intermediate_size=F, moe_layers=(True,) * L)
     # qwen2_moe: sparse layers by decoder_sparse_step and mlp_only_layers (transformers' rule)
     E = _int(cfg, "num_experts")
-    k = _int(cfg, "num_experts_per_tok")
+    k = _top_k(cfg, E, "num_experts")
     step = _int(cfg, "decoder_sparse_step", default=1)
     only = cfg.get("mlp_only_layers") or []
     if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
@@ -511,6 +555,19 @@ def hf_analytic_profile(
             f"NOTE [ ceilings ] in profiler/schema.py); give {fix}") from None
 
 
+def _check_flops_per_s(flops_per_s) -> None:
+    """Refuse a throughput that is not a finite number > 0 (infinity made every time 0)."""
+    if isinstance(flops_per_s, bool) or not isinstance(flops_per_s, (int, float)) \
+            or not math.isfinite(flops_per_s) or not flops_per_s > 0:
+        raise ProfileError(f"flops_per_s: must be a finite number > 0 (FLOP/s), got {flops_per_s!r}")
+
+
+def _check_sizes(seq_len, batch_size) -> None:
+    for field_, value in (("seq_len", seq_len), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ProfileError(f"{field_}: expected an integer >= 1, got {value!r}")
+
+
 def check_split(s: DecoderShape, seq_len: int, *, tp: int = 1, sp: bool = False, cp: int = 1) -> None:
     """Raise `ProfileError` naming the field unless decoder `s` splits over `tp` tensor-parallel
     ranks (dividing the query and key/value heads and the MLP width; dense layers) and each
@@ -557,17 +614,14 @@ def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, o
         raise ProfileError(f"config.model_type: the analytic profile covers Llama-style decoders and "
                            f"Mixtral, not {s.model_type} (parameter counts are); measure it "
                            "(memplan profile --hf-config without --analytic)")
-    for field_, value in (("seq_len", seq_len), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ProfileError(f"{field_}: expected an integer >= 1, got {value!r}")
+    _check_sizes(seq_len, batch_size)
     if precision not in _POLICY_BYTES:
         raise ProfileError(f"precision: choose one of {', '.join(_POLICY_BYTES)}, not {precision!r}")
     if attention not in ("sdpa", "eager", "flash"):
         raise ProfileError(f"attention: choose sdpa (flash kernel) or eager, not {attention!r}")
     attention = "sdpa" if attention == "flash" else attention
     check_optimizer(optimizer)
-    if not flops_per_s > 0:
-        raise ProfileError(f"flops_per_s: must be > 0, got {flops_per_s}")
+    _check_flops_per_s(flops_per_s)
     check_split(s, seq_len, tp=tp, sp=sp, cp=cp)
     from memplan.profiler.precision import policy_dtypes, precision_meta
     from memplan.profiler.schema import LayerProfile, Profile
@@ -615,10 +669,20 @@ def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, o
     opt = n * pol.optimizer_bytes
     if optimizer in ("adamw", "adam") and device.startswith("cpu"):
         opt += 4 * counts.tensors  # AdamW's step counters: a 4-byte CPU tensor per parameter
+    # NOTE [ Parameters shared between stages ] (profiler/measure.py, profiler/fixed.py): a tied
+    # embedding is used by the first stage and the head, so autograd holds the head's gradient of
+    # it (this rank's V / t rows, in the gradient's dtype) until the embedding's backward adds its
+    # own: through the whole backward, whatever the plan. The measured profile counts it as
+    # `pending_shared_grad_bytes` in its fixed bytes, and so does gpt_analytic_profile; so here.
+    # It is autograd's buffer of the whole (tensor-parallel shard of the) weight, made before any
+    # gradient hook reduce-scatters, so ZeRO does not shard it: planner.sharding.shard_profile
+    # keeps it on every GPU as it does for measured profiles (the fixed bytes other than states).
+    pending = Vl * C * pol.grad_bytes if s.tie_embeddings else 0
     fixed = {"param_bytes": n * pol.weight_bytes, "grad_bytes": n * pol.grad_bytes,
-             "optimizer_bytes": opt, "buffer_bytes": 0, "n_params": n, "n_params_model": counts.total,
+             "optimizer_bytes": opt, "buffer_bytes": 0, "pending_shared_grad_bytes": pending,
+             "n_params": n, "n_params_model": counts.total,
              "n_active_params": counts.active, "n_tensors": counts.tensors}
-    fixed["total_bytes"] = fixed["param_bytes"] + fixed["grad_bytes"] + opt
+    fixed["total_bytes"] = fixed["param_bytes"] + fixed["grad_bytes"] + opt + pending
     return Profile(
         name=name or f"{s.model_type}-{s.n_layer}x{C}", device=device, dtype=compute_dtype,
         input_bytes=16 * N, fixed_bytes=fixed["total_bytes"], layers=layers,
@@ -676,8 +740,14 @@ def measure_hf_config(
     from memplan.profiler.measure import profile_chain
     from memplan.profiler.precision import policy_dtypes
 
+    _check_sizes(seq_len, batch_size)
     if precision not in _POLICY_BYTES:
         raise ProfileError(f"precision: choose one of {', '.join(_POLICY_BYTES)}, not {precision!r}")
+    shape = decoder_shape(_load(config))
+    if shape.max_positions and seq_len > shape.max_positions:  # gpt2's learned position table
+        raise ProfileError(f"seq_len: {seq_len} tokens exceed config.n_positions ({shape.max_positions}), "
+                           f"the rows of the model's learned position table; give at most "
+                           f"{shape.max_positions}")
     param_dtype, compute_dtype = policy_dtypes(precision)
     model = hf_model(config, attention=attention, seed=seed)
     if param_dtype == "bfloat16":
@@ -710,7 +780,6 @@ def measure_hf_config(
 
     wrapped = [_Embed(stages[0]), *(_Later(s) for s in stages[1:])]
     autocast = compute_dtype if compute_dtype != param_dtype else None
-    shape = decoder_shape(_load(config))
     return profile_chain(
         wrapped, ids, device=device, repeats=repeats, warmup=warmup, timing="stage",
         autocast_dtype=autocast, optimizer=optimizer, names=[s.memplan_name for s in stages],

@@ -10,7 +10,7 @@ import typer
 from memplan.cli._app import app, console, echo_json, read_json, user_errors
 
 # capacity's fields -> this command's options, for error messages
-_OPTION = {"memory_bytes": "--memory", "seq_len": "--seq", "micro_batch": "--batch", "n_gpus": "--gpus",
+_OPTION = {"memory_bytes": "--memory", "seq_len": "--seq", "micro_batch": "--batch", "batch_size": "--batch", "n_gpus": "--gpus",
            "zero_stage": "--zero-stage", "max_overhead": "--max-overhead", "precision": "--precision",
            "device": "--device", "attention": "--attention", "utilization": "--utilization",
            "optimizer": "--optimizer", "tp": "--tp", "sp": "--sp", "cp": "--cp", "pp": "--pp",
@@ -60,9 +60,11 @@ def capacity_cmd(
 ) -> None:
     """Does CONFIG train within --memory per GPU? Exit 0 when it fits, 1 when not, 2 bad input."""
     from memplan.cli.plan import parse_fraction
+    from memplan.cli.profile import option_error
     from memplan.planner.capacity import capacity
     from memplan.planner.schema import PlanError
     from memplan.planner.units import parse_bytes
+    from memplan.profiler.schema import ProfileError
 
     cfg = read_json(config, what="config")
     if not isinstance(cfg, dict):
@@ -85,10 +87,8 @@ def capacity_cmd(
                              f"{request['max_overhead']:g} ({max_overhead})")
     try:
         answer = capacity(request)
-    except PlanError as err:
-        text = str(err)
-        field, _, rest = text.partition(":")
-        raise ValueError(f"{_OPTION.get(field.strip(), field.strip())}:{rest}" if rest else text) from None
+    except (PlanError, ProfileError) as err:  # the library's field names -> this command's options
+        raise ValueError(option_error(str(err), _OPTION)) from None
     if json_out:
         echo_json(answer)
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -9,6 +10,40 @@ import typer
 
 from memplan.cli._app import app, check_output_path, console, echo_json, user_errors
 from memplan.cli._remote import ServerOption, finished_result, remote
+
+# the library's field names -> this command's options, for error messages (NOTE: a message
+# "field: ..." or "field, other: ..." names the option the user typed, never an internal field)
+_GPT_OPTIONS = {
+    "block_size": "--seq", "batch_size": "--batch", "flops_per_s": "--flops-per-s",
+    "optimizer": "--optimizer", "moe_capacity_factor": "--capacity-factor", "n_layer": "--n-layer",
+    "n_embd": "--d-model", "n_head": "--n-head", "vocab_size": "--vocab", "dropout": "--dropout",
+    "attention": "--attention", "moe_experts": "--moe-experts", "moe_top_k": "--moe-top-k",
+    "exit_layers": "--exit-layers", "tie_weights": "--tie-weights", "channels": "--channels",
+    "blocks": "--blocks", "image_size": "--image-size", "dtype": "--dtype", "precision": "--precision",
+    "device": "--device", "name": "--name", "timing": "--timing", "repeats": "--repeats",
+    "warmup": "--warmup",
+}
+_HF_OPTIONS = {
+    "seq_len": "--seq", "batch_size": "--batch", "attention": "--attention", "precision": "--precision",
+    "config": "--hf-config", "tp": "--tp", "sp": "--sp", "cp": "--cp", "flops_per_s": "--flops-per-s",
+    "optimizer": "--optimizer", "device": "--device", "name": "--name", "repeats": "--repeats",
+    "warmup": "--warmup",
+}
+
+
+def option_error(text: str, options: dict[str, str]) -> str:
+    """`text` ("field: ...", "field, other: ..." or "config.key: ...") with each leading field that
+    `options` maps named as its command-line option instead (config.key -> --hf-config.key)."""
+    head, sep, rest = text.partition(":")
+    if not sep or head.startswith("-") or " " in head.replace(", ", ","):
+        return text
+    names = []
+    for part in head.split(", "):
+        base, dot, sub = part.partition(".")
+        if base not in options:
+            return text
+        names.append(options[base] + dot + sub)
+    return ", ".join(names) + sep + rest
 
 
 def _ints(text: str | None, *, field: str) -> tuple[int, ...] | None:
@@ -76,6 +111,8 @@ def profile_cmd(
 ) -> None:
     """Profile a built-in model: per-stage times, bytes and FLOPs (see docs/profiler.md)."""
     check_output_path(out, "--out")  # before profiling, which may take minutes
+    if not math.isfinite(flops_per_s) or not flops_per_s > 0:
+        raise ValueError(f"--flops-per-s: must be a finite number > 0 (FLOP/s), got {flops_per_s:g}")
     if hf_config is not None:
         prof = _hf_profile(hf_config, analytic=analytic, seq=seq, batch=batch, precision=precision,
                            attention=attention, device=device, optimizer=optimizer,
@@ -90,6 +127,32 @@ def profile_cmd(
     if (tp, sp, cp) != (1, False, 1):
         raise ValueError("--tp, --sp, --cp: only with --hf-config CONFIG.json --analytic")
     dtype, autocast = _policy_dtypes(precision, dtype, autocast)
+    if capacity_factor is not None and not (math.isfinite(capacity_factor) and capacity_factor > 0):
+        raise ValueError(f"--capacity-factor: must be a finite number > 0, got {capacity_factor:g}")
+    from memplan.profiler.hf_config import MAX_LAYERS
+
+    if n_layer is not None and n_layer > MAX_LAYERS:
+        raise ValueError(f"--n-layer: at most {MAX_LAYERS:,} blocks (memplan's ceiling, docs/profiler.md), "
+                         f"got {n_layer:,}")
+    try:
+        prof = _builtin_profile(
+            model, dtype=dtype, autocast=autocast, preset=preset, n_layer=n_layer, d_model=d_model,
+            n_head=n_head, seq=seq, vocab=vocab, batch=batch, dropout=dropout, attention=attention,
+            moe_experts=moe_experts, moe_top_k=moe_top_k, capacity_factor=capacity_factor,
+            exit_layers=exit_layers, tie_weights=tie_weights, channels=channels, blocks=blocks,
+            image_size=image_size, precision=precision, device=device, analytic=analytic,
+            flops_per_s=flops_per_s, repeats=repeats, warmup=warmup, timing=timing,
+            optimizer=optimizer, name=name, policies=policies, server=server)
+    except ValueError as err:
+        raise ValueError(option_error(str(err), _GPT_OPTIONS)) from None
+    _emit(prof, out, json_out)
+
+
+def _builtin_profile(model, *, dtype, autocast, preset, n_layer, d_model, n_head, seq, vocab, batch,
+                     dropout, attention, moe_experts, moe_top_k, capacity_factor, exit_layers,
+                     tie_weights, channels, blocks, image_size, precision, device, analytic,
+                     flops_per_s, repeats, warmup, timing, optimizer, name, policies, server):
+    """The profile of built-in `model` (gpt or conv) as `memplan profile` asks for it."""
     fields: dict = {"dtype": dtype}
     if model == "gpt":
         from memplan.profiler.models.gpt import GPT2_SIZES
@@ -153,7 +216,7 @@ def profile_cmd(
     else:
         prof = _measure(model, cfg, device=device, repeats=repeats, warmup=warmup, timing=timing,
                         optimizer=optimizer, autocast=autocast, name=name, policies=policies)
-    _emit(prof, out, json_out)
+    return prof
 
 
 def _emit(prof, out: Path | None, json_out: bool) -> None:
@@ -182,7 +245,7 @@ def _hf_profile(path: Path, *, analytic, seq, batch, precision, attention, devic
     cfg = read_json(path, what="--hf-config")
     if not isinstance(cfg, dict):
         raise ValueError(f"--hf-config: {path} holds no JSON object; give a config.json")
-    kw = dict(seq_len=seq, batch_size=batch or 1, precision=precision or "fp32",
+    kw = dict(seq_len=seq, batch_size=1 if batch is None else batch, precision=precision or "fp32",
               attention=attention or "sdpa", optimizer=optimizer, name=name)
     try:
         defaults = {"tp": 1, "sp": False, "cp": 1}
@@ -203,14 +266,7 @@ def _hf_profile(path: Path, *, analytic, seq, batch, precision, attention, devic
         return hf.measure_hf_config(cfg, device=device, repeats=repeats, warmup=warmup,
                                     policies=policies, **kw)
     except ValueError as err:
-        text = str(err)
-        for field, option in (("seq_len", "--seq"), ("batch_size", "--batch"), ("attention", "--attention"),
-                              ("precision", "--precision"), ("config", "--hf-config"),
-                              ("tp", "--tp"), ("sp", "--sp"), ("cp", "--cp")):
-            if text.startswith(field):
-                text = option + text[len(field):]
-                break
-        raise ValueError(text) from None
+        raise ValueError(option_error(str(err), _HF_OPTIONS)) from None
 
 
 def _policy_dtypes(precision: str | None, dtype: str | None,

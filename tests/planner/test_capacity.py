@@ -351,3 +351,53 @@ def test_cli_parallel_flags():
         assert res.exit_code == 2, (args, res.output)
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: {field}"), res.stderr
+
+
+def test_tied_embedding_pending_gradient_is_in_the_peak():
+    """Gemma-2B ties its 256,000 x 2,048 embedding to the head: autograd holds the head's fp32
+    gradient of it (2.1 GB) through the whole backward. Capacity used to leave it out and answered
+    "fits" at 57.62 GB of 58 GB with a plan whose real peak was 59.72 GB."""
+    gemma = json.loads((CONFIGS / "gemma-2b.json").read_text())
+    pending = 256_000 * 2_048 * 4
+    a = capacity({"config": gemma, "memory_bytes": 58 * 10**9, "seq_len": 2048, "policies": False})
+    assert a.assumptions["pending_shared_grad_bytes"] == pending
+    # the plan's fixed bytes are the states plus the pending gradient, so its peak is at least that
+    assert a.total_peak_bytes - a.activation_peak_bytes == a.model_state_bytes + pending
+    assert a.total_peak_bytes <= 58 * 10**9
+    # the old answer's plan (its activations beside states without the pending gradient) is over
+    assert a.activation_peak_bytes < 57_624_092_680 - a.model_state_bytes
+    # an untied config holds none
+    assert capacity({"config": LLAMA7B, "memory_bytes": 80 * 10**9, "seq_len": 256, "n_gpus": 8,
+                     "zero_stage": 3, "policies": False}).assumptions["pending_shared_grad_bytes"] == 0
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2, 3])
+def test_tied_pending_gradient_is_whole_on_every_gpu_under_zero(zero_stage):
+    """Autograd's buffer of the head's gradient precedes any reduce-scatter: ZeRO shards the
+    states, not it (as shard_profile keeps a measured profile's pending gradient)."""
+    qwen = json.loads((CONFIGS / "qwen2-0.5b.json").read_text())
+    pending = qwen["vocab_size"] * qwen["hidden_size"] * 4
+    a = capacity({"config": qwen, "memory_bytes": 80 * 10**9, "seq_len": 1024, "n_gpus": 8,
+                  "zero_stage": zero_stage, "policies": False})
+    fixed = a.total_peak_bytes - a.activation_peak_bytes
+    assert fixed == a.model_state_bytes + a.comm_buffer_bytes + pending
+
+
+def test_cli_capacity_bad_config_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    for patch, start in (({"tie_word_embeddings": "false"}, "config.tie_word_embeddings: expected true or false"),
+                         ({"model_type": ["llama"]}, "config.model_type: ['llama'] is not a decoder"),
+                         ({"model_type": None}, "config.model_type: missing"),
+                         ({"num_hidden_layers": 10**9}, "config.num_hidden_layers: at most 10,000")):
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps({**LLAMA7B, **patch}))
+        res = CliRunner().invoke(app, ["capacity", str(path), "--memory", "80GB"])
+        assert res.exit_code == 2, res.output
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {start}"), res.stderr
+    res = CliRunner().invoke(app, ["capacity", str(CONFIGS / "llama-2-7b.json"), "--memory", "80GB",
+                                   "--optimizer", "lion"])
+    assert res.exit_code == 2 and res.stderr.startswith("error: --optimizer:"), res.stderr

@@ -170,3 +170,60 @@ def test_conv_measured_transients_equal_analytic(kw, exact):
     if exact:
         peak = planner.plan(analytic, strategy="store-all").predicted.peak_bytes
         assert abs(peak - planner.plan(measured, strategy="store-all").predicted.peak_bytes) <= JITTER
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from memplan.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def _one_line(res, start: str) -> None:
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {start}"), res.stderr
+
+
+def test_flops_per_s_and_capacity_factor_must_be_finite():
+    for bad in (float("inf"), float("nan"), 0.0):
+        with pytest.raises(ProfileError, match=r"^flops_per_s: must be a finite number > 0"):
+            gpt_analytic_profile(dict(n_layer=1, n_embd=32, n_head=2, block_size=8, batch_size=1,
+                                      vocab_size=64), flops_per_s=bad)
+    with pytest.raises(ProfileError, match=r"^moe_capacity_factor: must be a finite number > 0"):
+        gpt_analytic_profile(dict(n_layer=1, n_embd=32, n_head=2, block_size=8, batch_size=1, vocab_size=64,
+                                  moe_experts=4, moe_capacity_factor=float("inf")))
+    _one_line(_cli("profile", "--analytic", "--n-layer", "2", "--moe-experts", "4", "--capacity-factor", "inf"),
+              "--capacity-factor: must be a finite number > 0")
+    _one_line(_cli("profile", "--analytic", "--n-layer", "2", "--flops-per-s", "inf"),
+              "--flops-per-s: must be a finite number > 0")
+
+
+def test_layer_ceiling():
+    from memplan.profiler.hf_config import MAX_LAYERS
+
+    with pytest.raises(ProfileError, match=r"^n_layer: at most 10,000 blocks"):
+        gpt_analytic_profile(dict(n_layer=MAX_LAYERS + 1, n_embd=32, n_head=2, block_size=8, batch_size=1,
+                                  vocab_size=64))
+    _one_line(_cli("profile", "--analytic", "--n-layer", "100000"), "--n-layer: at most 10,000 blocks")
+
+
+def test_over_ceiling_sizes_are_one_line_naming_the_field():
+    cfg = dict(n_layer=2, n_embd=32, n_head=2, block_size=8, vocab_size=64)
+    with pytest.raises(ProfileError, match=r"^batch_size: the profile's .*ceilings.*a smaller batch$"):
+        gpt_analytic_profile({**cfg, "batch_size": 10**12})
+    with pytest.raises(ProfileError, match=r"^n_layer, n_embd, vocab_size: .*ceilings.*a smaller model"):
+        gpt_analytic_profile({**cfg, "batch_size": 1, "vocab_size": 2**50})
+    _one_line(_cli("profile", "--model", "gpt", "--analytic", "--n-layer", "2", "--batch", "1000000000000"),
+              "--batch: the profile's")
+
+
+@pytest.mark.parametrize(("args", "start"), [
+    (["--seq", "0"], "--seq:"), (["--batch", "0"], "--batch:"), (["--flops-per-s", "0"], "--flops-per-s:"),
+    (["--optimizer", "lion"], "--optimizer:"), (["--moe-experts", "4", "--capacity-factor", "-1"],
+                                                "--capacity-factor:"),
+    (["--n-head", "5"], "--n-head:"),
+])
+def test_cli_errors_name_the_option_not_the_field(args, start):
+    _one_line(_cli("profile", "--model", "gpt", "--analytic", "--n-layer", "2", *args), start)
