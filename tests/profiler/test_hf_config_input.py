@@ -187,3 +187,20 @@ def test_cli_profile_hf_names_options_not_fields():
                     "--optimizer:")
     _one_error_line(_cli("profile", "--hf-config", path, "--analytic", "--seq", "8", "--flops-per-s", "inf"),
                     "--flops-per-s: must be a finite number > 0")
+
+
+@pytest.mark.parametrize("change, saved_exact", [
+    ({}, True),
+    ({"model_type": "qwen3", "head_dim": 16}, False),  # q/k norms save more than derived
+    ({"model_type": "mistral", "sliding_window": 8}, False),  # a window shorter than the sequence
+    ({"model_type": "mistral", "sliding_window": 64}, True),
+])
+def test_the_profile_claims_exact_saved_bytes_only_where_they_were_checked(change, saved_exact):
+    from memplan.profiler.hf_config import hf_analytic_profile
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 128, **change}
+    prof = hf_analytic_profile(cfg, seq_len=16)
+    assert ("saved_bytes" in prof.meta["exact"]) is saved_exact
+    assert "input_bytes" not in prof.meta["exact"]  # labels apart or the ids themselves
