@@ -610,10 +610,15 @@ def _rank_params(s: DecoderShape, counts: ParamCounts, tp: int) -> tuple[int, li
 def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, optimizer, flops_per_s,
                          device, name, tp=1, sp=False, cp=1):
     s = config if isinstance(config, DecoderShape) else decoder_shape(config)
-    if s.family in ("gpt2", "gpt_neox"):
+    if s.family == "gpt2":
         raise ProfileError(f"config.model_type: the analytic profile covers Llama-style decoders and "
                            f"Mixtral, not {s.model_type} (parameter counts are); measure it "
                            "(memplan profile --hf-config without --analytic)")
+    if s.family == "gpt_neox":  # nor does the decoder cut of `memplan profile --hf-config`
+        raise ProfileError("config.model_type: the analytic profile covers Llama-style decoders and "
+                           "Mixtral, not gpt_neox (parameter counts are), and memplan profile "
+                           "--hf-config does not cut it; profile the model itself in Python "
+                           "(memplan.profile_model or memplan.auto_checkpoint)")
     _check_sizes(seq_len, batch_size)
     if precision not in _POLICY_BYTES:
         raise ProfileError(f"precision: choose one of {', '.join(_POLICY_BYTES)}, not {precision!r}")

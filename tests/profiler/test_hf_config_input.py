@@ -204,3 +204,15 @@ def test_the_profile_claims_exact_saved_bytes_only_where_they_were_checked(chang
     prof = hf_analytic_profile(cfg, seq_len=16)
     assert ("saved_bytes" in prof.meta["exact"]) is saved_exact
     assert "input_bytes" not in prof.meta["exact"]  # labels apart or the ids themselves
+
+
+def test_gpt_neox_is_sent_where_it_can_be_profiled():
+    """The analytic refusal said to measure it with `memplan profile --hf-config`, whose decoder
+    cut refuses GPT-NeoX too: it points at profiling the model itself."""
+    from memplan.profiler.hf_config import hf_analytic_profile
+    from memplan.profiler.schema import ProfileError
+
+    cfg = {"model_type": "gpt_neox", "hidden_size": 64, "intermediate_size": 256,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128}
+    with pytest.raises(ProfileError, match="memplan.profile_model or memplan.auto_checkpoint"):
+        hf_analytic_profile(cfg, seq_len=16)
