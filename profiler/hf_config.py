@@ -734,7 +734,14 @@ def hf_model(config: DecoderShape | str | Path | dict, *, attention: str = "sdpa
     hf_cfg = transformers.AutoConfig.for_model(**fields)
     hf_cfg._attn_implementation = "sdpa" if attention == "flash" else attention
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    except ValueError as err:  # e.g. Gemma2 with sdpa: transformers builds it with eager only
+        if "attention implementation" not in str(err):
+            raise
+        raise ProfileError(f"attention: transformers {transformers.__version__} does not run "
+                           f"{cfg.get('model_type')} with {hf_cfg._attn_implementation} attention; use "
+                           "eager") from None
     model.config._attn_implementation = hf_cfg._attn_implementation
     return model
 

@@ -216,3 +216,20 @@ def test_gpt_neox_is_sent_where_it_can_be_profiled():
            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 128}
     with pytest.raises(ProfileError, match="memplan.profile_model or memplan.auto_checkpoint"):
         hf_analytic_profile(cfg, seq_len=16)
+
+
+def test_an_attention_transformers_does_not_build_is_named():
+    """Gemma2 with sdpa: transformers' own multi-line advice (attn_implementation=...) becomes one
+    line naming the attention option."""
+    pytest.importorskip("transformers")
+    from memplan.profiler.hf_config import hf_model
+    from memplan.profiler.schema import ProfileError
+
+    cfg = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "head_dim": 16,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 128}
+    try:
+        hf_model(cfg, attention="sdpa")
+    except ProfileError as err:
+        assert str(err).startswith("attention: transformers ") and "use eager" in str(err)
+    hf_model(cfg, attention="eager")  # builds
