@@ -61,8 +61,9 @@ def profile_cmd(
     model: Annotated[str, typer.Option(help="built-in family: gpt or conv")] = "gpt",
     hf_config: Annotated[
         Path | None, typer.Option(help="a Hugging Face decoder's config.json instead of --model "
-                                  "(Llama, Mistral, Qwen2, Gemma, Mixtral; --seq, --batch, --attention "
-                                  "sdpa or eager); without --analytic: built with random weights and measured")
+                                  "(Llama, Mistral, Qwen2/3, Gemma/Gemma2, Mixtral; measured only: "
+                                  "GPT-2; --seq, --batch, --attention sdpa or eager); without "
+                                  "--analytic: built with random weights and measured")
     ] = None,
     preset: Annotated[
         str | None, typer.Option(help="gpt sizes: gpt2, gpt2-medium, gpt2-large, gpt2-xl")
