@@ -300,9 +300,10 @@ def _layer(s: DecoderShape, i: int) -> tuple[int, int, int]:
     router = C * E
     # transformers 5 keeps all experts in two tensors (gate-up E x 2F x C, down E x C x F)
     total, active, tensors = p + router + E * ep, p + router + k * ep, t + 1 + 2
-    if s.shared_expert_intermediate_size:
+    if s.family == "qwen2_moe":  # transformers builds the shared expert and its gate (C x 1)
+        # even at shared_expert_intermediate_size 0 (three empty tensors and the gate)
         sp, st = _gated(C, s.shared_expert_intermediate_size, False)
-        total, active, tensors = total + sp + C, active + sp + C, tensors + st + 1  # + its gate C x 1
+        total, active, tensors = total + sp + C, active + sp + C, tensors + st + 1
     return total, tensors, active
 
 

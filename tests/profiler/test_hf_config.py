@@ -127,3 +127,15 @@ def test_analytic_profile_scales_and_records_its_policy():
     # rotary tables (cos, sin: fp32 T x head_dim each)
     w = 2 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 2 * 4 * 4096 * 128
     assert two.layers[1].saved_bytes - w == 2 * (prof.layers[1].saved_bytes - w)
+
+
+def test_qwen2_moe_without_a_shared_expert_counts_its_empty_one():
+    """transformers builds the shared expert (three empty tensors) and its gate (C x 1) even at
+    shared_expert_intermediate_size 0: 64 parameters were missing from 2 layers of width 32."""
+    cfg = {**_config("qwen1.5-moe-a2.7b"), "hidden_size": 32, "intermediate_size": 64,
+           "moe_intermediate_size": 16, "shared_expert_intermediate_size": 0,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 97}
+    params = list(_hf_model(cfg, meta=True).parameters())
+    assert n_params(cfg) == sum(p.numel() for p in params)
+    assert param_counts(cfg).tensors == len(params)
