@@ -38,6 +38,10 @@ class ConvConfig:
 
     def __post_init__(self) -> None:
         self.channels, self.blocks = tuple(self.channels), tuple(self.blocks)
+        for name in ("channels", "blocks"):  # each list's own entries before their pairing
+            if any(v < 1 for v in getattr(self, name)):
+                raise ValueError(f"{name}: every entry must be a positive integer, got "
+                                 f"{','.join(map(str, getattr(self, name)))}")
         if not self.channels or len(self.channels) != len(self.blocks):
             raise ValueError(
                 f"blocks: give one block count per group of channels ({len(self.channels)}), got {len(self.blocks)}"
@@ -45,8 +49,6 @@ class ConvConfig:
         for name in ("image_size", "in_channels", "num_classes", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {getattr(self, name)}")
-        if any(c < 1 for c in self.channels) or any(b < 1 for b in self.blocks):
-            raise ValueError("channels, blocks: every entry must be a positive integer")
         if self.image_size % (2 ** (len(self.channels) - 1)):
             raise ValueError(
                 f"image_size: {self.image_size} must be divisible by 2^{len(self.channels) - 1} "

@@ -227,3 +227,9 @@ def test_over_ceiling_sizes_are_one_line_naming_the_field():
 ])
 def test_cli_errors_name_the_option_not_the_field(args, start):
     _one_line(_cli("profile", "--model", "gpt", "--analytic", "--n-layer", "2", *args), start)
+
+
+def test_a_zero_channel_count_is_named_before_the_default_blocks():
+    """--channels 0,16 was refused for the default --blocks' length, not for its 0."""
+    _one_line(_cli("profile", "--model", "conv", "--analytic", "--channels", "0,16"),
+              "--channels: every entry must be a positive integer, got 0,16")
