@@ -228,6 +228,22 @@ def plan_cmd(
         raise typer.Exit(1)
 
 
+def _stage_map(value, field: str, what: str) -> dict[int, str] | None:
+    """A Plan's {stage: name} map read from JSON (keys are strings there), or None when absent;
+    ValueError naming `field` when it is not one. The replay checks the stages and names."""
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{field}: expected an object {{stage: {what}}}, got {type(value).__name__}")
+    out = {}
+    for k, v in value.items():
+        try:
+            out[int(k)] = v
+        except (TypeError, ValueError):
+            raise ValueError(f"{field}: {k!r} is not a stage number") from None
+    return out
+
+
 @app.command("simulate")
 @user_errors
 def simulate_cmd(
@@ -254,9 +270,10 @@ def simulate_cmd(
                          f"{made_for}, this profile's is {prof.fingerprint()}); replay it over the "
                          "profile it was made from, or give its 'schedule' list alone to replay "
                          "the ops over any profile")
-    policies = raw.get("stage_policies") if isinstance(raw, dict) else None
-    if policies is not None and not isinstance(policies, dict):
-        raise ValueError("stage_policies: expected an object {stage: policy name}")
+    policies = _stage_map(raw.get("stage_policies") if isinstance(raw, dict) else None,
+                          "stage_policies", "policy name")
+    storage = _stage_map(raw.get("checkpoint_dtypes") if isinstance(raw, dict) else None,
+                         "checkpoint_dtypes", "dtype name")
     bw = None
     if offload_bandwidth is not None:
         bw = parse_bandwidth(offload_bandwidth, "--offload-bandwidth")
@@ -265,8 +282,7 @@ def simulate_cmd(
     elif isinstance(raw, dict) and isinstance(raw.get("options"), dict):
         bw = raw["options"].get("offload_bandwidth")  # a Plan planned with offload
     extra = {"offload_bandwidth": float(bw)} if bw is not None else {}
-    sim = simulate(prof, ops, policies={int(k): v for k, v in (policies or {}).items()} or None,
-                   **extra)
+    sim = simulate(prof, ops, storage=storage, policies=policies, **extra)
     data = {
         "valid": sim.valid,
         "error": sim.error,

@@ -297,3 +297,26 @@ def test_mode_and_max_gap_reach_the_optimal_planner(tmp_path):
     assert points[-1]["mode"] == "banded" and {p["mode"] for p in points} <= {"banded", "grouped"}
     assert all(0 <= p["lower_bound_s"] <= p["time_s"] for p in points)
     assert all(p["optimality_gap"] < 0.01 for p in points if p["mode"] == "banded")
+
+
+def test_simulate_replays_a_plans_checkpoint_storage(tmp_path):
+    """A Plan that stores a checkpoint in bf16 replays at its own peak (it replayed at the
+    unconverted one, over its budget), and a bad storage map is one line naming the entry."""
+    prof = tmp_path / "p.json"
+    res = runner.invoke(app, ["profile", "--model", "gpt", "--n-layer", "4", "--d-model", "32",
+                              "--n-head", "2", "--seq", "16", "--vocab", "64", "--batch", "4",
+                              "--dropout", "0", "--attention", "flash", "--precision", "fp32",
+                              "--analytic", "--out", str(prof)])
+    assert res.exit_code == 0, res.output
+    budget = 195_000  # below the fp32 plan's 198,788 bytes: one checkpoint goes to bf16
+    out = runner.invoke(app, ["plan", str(prof), "--budget", str(budget), "--checkpoint-dtype", "bf16",
+                              "--tolerance", "0.05", "--json"])
+    plan = json.loads(out.stdout)
+    assert plan["checkpoint_dtypes"], "the plan stores no checkpoint in bf16 at this budget"
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    sim = json.loads(runner.invoke(app, ["simulate", str(prof), str(tmp_path / "plan.json"),
+                                         "--json"]).stdout)
+    assert sim["valid"] and sim["peak_bytes"] == plan["predicted"]["peak_bytes"] <= budget
+    (tmp_path / "bad.json").write_text(json.dumps({**plan, "checkpoint_dtypes": {"1": "int8"}}))
+    bad = runner.invoke(app, ["simulate", str(prof), str(tmp_path / "bad.json")])
+    assert bad.exit_code == 2 and "checkpoint_dtypes[1]: unknown dtype 'int8'" in bad.stderr

@@ -130,3 +130,20 @@ def test_nograd_forward_bytes_are_charged_to_F_only():
     bad = d["layers"][0] | {"forward_nograd_temp_bytes": -1}
     with pytest.raises(ValueError, match="forward_nograd_temp_bytes"):
         Profile.model_validate(d | {"layers": [bad, *d["layers"][1:]]})
+
+
+def test_nothing_but_drops_runs_after_b1():
+    """A schedule that recomputes after the step's last backward was scored valid, with its
+    records still held: it is invalid at the first such op (docs/chain-model.md section 5)."""
+    from memplan.planner._build import one_level_ops
+    from memplan.planner.simulate import simulate
+    from memplan.profiler.schema import Profile
+
+    prof = Profile(input_bytes=4, layers=[
+        dict(name=f"l{i}", forward_s=1.0, backward_s=2.0, output_bytes=4, saved_bytes=4)
+        for i in range(3)])
+    ops = one_level_ops([(1, 3, False)], 3)
+    assert simulate(prof, ops).valid
+    bad = simulate(prof, [*ops, ["R", 1]])
+    assert not bad.valid and bad.error_index == len(ops)
+    assert "the step has ended with B 1" in bad.error
