@@ -29,7 +29,7 @@ def run_cmd(
     strategy: Annotated[str, typer.Option(help="store-all, uniform, sqrt, heuristic, optimal")] = "optimal",
     features: Annotated[str, typer.Option(help="comma list: moe,flash,qat,prune,exit")] = "",
     steps: Annotated[int, typer.Option(help="training steps run and compared")] = 3,
-    autocast: Annotated[str | None, typer.Option(help="bfloat16 or float16 autocast")] = None,
+    autocast: Annotated[str | None, typer.Option(help="bfloat16 (bf16) or float16 (fp16) autocast")] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda[:i]")] = "cpu",
     offload_bandwidth: Annotated[str | None, typer.Option(
         help="optimal: host-device bandwidth each way (25GB/s, 25GiB/s, 25e9): the plan may also "
@@ -62,6 +62,8 @@ def run_cmd(
     from memplan.planner.request import check_offload_options
     from memplan.planner.units import parse_bytes
 
+    # the short names the other options take (--checkpoint-dtype bf16, --precision bf16-mixed)
+    autocast = {"bf16": "bfloat16", "fp16": "float16"}.get(autocast or "", autocast)
     offload = _offload(offload_bandwidth, host_memory)  # offload_bandwidth, host_memory_bytes
     if offload.get("offload_bandwidth") == 0:  # as POST /v1/runs refuses it (the planner: no offload)
         raise ValueError(f"--offload-bandwidth: must be above 0 bytes/s, got {offload_bandwidth!r}; "

@@ -61,8 +61,11 @@ def sweep_cmd(
     report = SweepReport.model_validate(report)
     if json_out:
         echo_json(report)
-        return
-    _print(report, plot)
+    else:
+        _print(report, plot)
+    if report.failed and not report.succeeded:  # no cell answered: not exit 0 (README, exit codes)
+        typer.echo(f"sweep: every cell failed ({report.failed}); each cell's error says why", err=True)
+        raise typer.Exit(1)
 
 
 def _on_server(server: str, body, plot: Path | None, wait_s: float) -> dict:

@@ -68,3 +68,26 @@ def test_run_hf_config_names_its_own_options(tmp_path, flag):
     cfg.write_text(json.dumps(dict(model_type="llama", hidden_size=32, num_hidden_layers=2)))
     res = runner.invoke(app, ["run", "--hf-config", str(cfg), flag, "0"])
     _one_error_line(res, f"{flag}: an integer >= 1, got 0")
+
+
+def test_a_sweep_whose_every_cell_failed_exits_1(tmp_path):
+    """It exited 0 ("answered") with no answer in it."""
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps({"models": [{"label": "g", "config": {
+        "n_layer": 2, "n_embd": 33, "n_head": 2, "block_size": 16, "vocab_size": 64,
+        "batch_size": 4, "dropout": 0.0}}], "budgets_bytes": [None], "run": False}))
+    res = runner.invoke(app, ["sweep", str(spec), "--json"])
+    assert res.exit_code == 1, res.output
+    report = json.loads(res.stdout)
+    assert report["failed"] == 1 and report["succeeded"] == 0
+    assert "every cell failed" in res.stderr
+
+
+def test_run_takes_the_short_autocast_names():
+    """--autocast bf16 was refused ("use bfloat16 or float16"), where --checkpoint-dtype bf16
+    and --precision bf16-mixed are the names everywhere else."""
+    res = runner.invoke(app, ["run", "--n-layer", "2", "--d-model", "32", "--n-head", "2",
+                              "--seq", "8", "--batch", "2", "--vocab", "64", "--steps", "2",
+                              "--autocast", "bf16", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "bfloat16" in json.dumps(json.loads(res.stdout))
