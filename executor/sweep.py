@@ -20,7 +20,11 @@ The analytic profile is made from the configuration of the model the cell has bu
 (`memplan_config` of its first stage, which `build_gpt` and `build_conv` record): the attention
 path its features chose (math unless "flash"), experts, widths, dtype; the intra-op threads the
 run has (the flash kernel's buffers are per thread); and, for the mixed policies, the autocast
-dtype the run uses. A profile of another model than the one run predicts another peak (an
+dtype the run uses; for the policies the executor does not run (`bf16`, `zero-mixed`: 16-bit
+weights and compute), the analytic profile of the pure bf16 model (a 16-bit chain: fp16's tensors
+have bf16's sizes), whose fixed bytes `shard_profile` then prices by the policy. A measured cell
+runs the model in fp32 or under autocast, so it cannot profile those two (refused: its
+activations would be fp32's). A profile of another model than the one run predicts another peak (an
 analytic profile assuming flash for a run on the math path: +13.9%), so nothing here restates a
 setting. Features that change the model after it is built (qat, prune) and early exit (shapes
 that depend on the data) have no analytic profile: such a cell asks for profile "measured".
@@ -192,6 +196,10 @@ def _check_spec(spec: SweepSpec) -> None:
             raise ExecutorError(
                 f"precisions[{k}]: {p!r} can be planned but not run by the executor (it runs "
                 f"{', '.join(RUNNABLE_PRECISIONS)}); set run to false for a plan-only sweep")
+        if spec.profile != "analytic" and p not in RUNNABLE_PRECISIONS:
+            raise ExecutorError(
+                f"precisions[{k}]: {p!r} needs profile 'analytic' (a measured cell runs the model "
+                "in fp32 or under autocast, so its activations would be fp32's)")
     for k, b in enumerate(spec.budgets_bytes):
         if b is not None and b < 0:
             raise ExecutorError(f"budgets_bytes[{k}]: must be >= 0 bytes or null, got {b}")
@@ -262,7 +270,10 @@ def _analytic(stages, req: dict[str, Any], precision: str):
 
     built = dict(getattr(stages[0], "memplan_config", None) or {})
     family = built.pop("family", None)
-    mixed = {"precision": precision} if RUNNABLE_PRECISIONS.get(precision) else {}
+    # the compute the cell's policy runs: autocast (mixed), or 16-bit throughout (NOTE [ A cell
+    # profiles the model it runs ]); fp32: the model as built
+    mixed = ({"precision": precision} if RUNNABLE_PRECISIONS.get(precision)
+             else {"precision": "bf16"} if precision not in RUNNABLE_PRECISIONS else {})
     rate = {"flops_per_s": req["flops_per_s"]} if req.get("flops_per_s") else {}
     if family == "gpt":
         return analytic.gpt_analytic_profile(built, device="cpu", cpu_threads=torch.get_num_threads(),

@@ -142,6 +142,9 @@ def test_spec_errors_name_the_field():
         cells({**GRID, "models": [{"config": {**TINY, "features": "qat"}}], "profile": "analytic"})
     with pytest.raises(ExecutorError, match=r"models\[0\].config.features: unknown 'fast'"):
         cells({**GRID, "models": [{"config": {**TINY, "features": "fast"}}]})
+    # a measured cell runs fp32 or autocast: bf16's activations would be fp32's (they were)
+    with pytest.raises(ExecutorError, match=r"precisions\[0\]: 'bf16' needs profile 'analytic'"):
+        cells({**GRID, "precisions": ["bf16"], "run": False, "profile": "measured"})
 
 
 def test_mixed_precision_analytic_cells_need_what_the_profile_prices():

@@ -92,7 +92,16 @@ def test_cli_sweep_plan_only(tmp_path):
     rep = json.loads(res.stdout)
     assert rep["n_cells"] == 4 and rep["ran"] == 0 and png.read_bytes()[:4] == b"\x89PNG"
     fp32, zero = rep["cells"][0], rep["cells"][2]
-    assert fp32["predicted_peak_bytes"] == zero["predicted_peak_bytes"]  # same activations
+    # zero-mixed computes in 16 bits: its activations are the pure bf16 model's (they were fp32's)
+    import torch
+    from memplan.planner import plan
+    from memplan.profiler.analytic import gpt_analytic_profile
+
+    cfg = {k: v for k, v in TINY.items() if k != "repeats"}
+    bf16 = gpt_analytic_profile({**cfg, "attention": "math"}, precision="bf16",
+                                cpu_threads=torch.get_num_threads())
+    assert zero["predicted_peak_bytes"] == plan(bf16, strategy="optimal").predicted.peak_bytes
+    assert zero["predicted_peak_bytes"] < fp32["predicted_peak_bytes"]
     assert zero["fixed_bytes_per_gpu"] < fp32["fixed_bytes_per_gpu"]  # 2 + 2 + 12/4 < 4 + 4 + 8/4
     bad = CliRunner().invoke(app, ["sweep", str(spec), "--plot", "x.jpg"])
     assert bad.exit_code == 2 and "--plot" in bad.output
