@@ -21,8 +21,11 @@ Lossy storage (bf16 of an fp32 residual stream, fp8) perturbs only the recomputa
 changes, the forward does not. The planner bounds that change: each lossy stored activation i
 costs `storage_error(profile, i, dtype)`, a relative gradient error (the executor's metric, the
 per-tensor max|g - g_ref| / max|g_ref|), measured (`memplan.executor.precision_run.measure_sensitivity`,
-kept in `profile.meta["storage_sensitivity"]`) or else KAPPA x the dtype's unit roundoff; the costs
-add (first order, triangle inequality), and a plan's sum never exceeds the tolerance it was given.
+kept in `profile.meta["storage_sensitivity"]`) or else KAPPA x the larger of the dtype's unit
+roundoff and the compute dtype's (under bf16 autocast any perturbation of a recompute's input flips
+bf16 roundings downstream, so the error is bf16-sized whatever the storage dtype: fp16 storage of
+a bf16-mixed GPT measured 0.0062-0.0077, 1.6-2 x KAPPA x fp16's roundoff); the costs add (first
+order, triangle inequality), and a plan's sum never exceeds the tolerance it was given.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ def default_tolerance(profile: Profile) -> float:
 def storage_error(profile: Profile, i: int, dtype: str) -> float:
     """Predicted relative gradient error of storing a_i in `dtype` (0 when lossless): the measured
     sensitivity in `profile.meta["storage_sensitivity"][dtype][i-1]` if present, else KAPPA x the
-    unit roundoff of `dtype`."""
+    larger unit roundoff of `dtype` and of the profile's compute dtype (module docstring)."""
     src = output_dtype(profile, i)
     dst = STORAGE_DTYPES[dtype]
     if src in STORAGE_DTYPES and dst.precision_bits >= STORAGE_DTYPES[src].precision_bits and (
@@ -119,7 +122,8 @@ def storage_error(profile: Profile, i: int, dtype: str) -> float:
     measured = (profile.meta.get("storage_sensitivity") or {}).get(dtype)
     if isinstance(measured, list) and len(measured) >= i and isinstance(measured[i - 1], (int, float)):
         return float(measured[i - 1])
-    return KAPPA * dst.unit_roundoff
+    compute = STORAGE_DTYPES.get(profile.meta.get("autocast_dtype") or profile.dtype or "")
+    return KAPPA * max(dst.unit_roundoff, compute.unit_roundoff if compute else 0.0)
 
 
 def predicted_error(profile: Profile, storage: dict[int, str]) -> float:

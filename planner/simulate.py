@@ -279,7 +279,8 @@ def replay(prof: Profile, ops: list[Op], storage: dict[int, str] | None = None,
     hfreed = 0  # host bytes a `drop` of an a_i on the host frees
     for k, op in enumerate(ops):
         name = op[0]
-        if next_b == 0 and name != "drop":  # the step ended with B 1 (docs/chain-model.md section 5)
+        if next_b == 0 and name != "drop" and name not in TRANSFER_OPS:  # the step ended with
+            # B 1 (docs/chain-model.md section 5); a trailing transfer fails for want of a carrier
             return fail(k, op, "the step has ended with B 1; only drops may follow it")
         if pend and name != "drop" and name not in TRANSFER_OPS:
             # the compute op that carries the pending transfers (rule 1)

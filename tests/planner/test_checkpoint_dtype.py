@@ -167,3 +167,18 @@ def test_bad_storage_maps_name_the_stage():
     with pytest.raises(PlanError, match=r"checkpoint_dtypes\[2\]: unknown dtype"):
         simulate(prof, [["R", 1]], storage={2: "bf17"})
     assert parse_checkpoint_dtype("BF16") == "bfloat16" and parse_checkpoint_dtype("fp8") == "float8_e4m3fn"
+
+
+def test_storage_error_is_at_least_the_compute_dtypes():
+    """fp16 storage under bf16 autocast was priced at KAPPA x fp16's roundoff (0.0039) and chosen
+    at a tolerance of 0.005, then measured 0.0062-0.0077: a recompute's perturbed input flips bf16
+    roundings downstream. The price is now at least KAPPA x the compute dtype's roundoff."""
+    from memplan.planner.checkpoint_dtype import KAPPA, storage_error
+    from memplan.profiler.analytic import gpt_analytic_profile
+
+    cfg = dict(n_layer=4, n_embd=32, n_head=2, block_size=16, vocab_size=64, batch_size=4,
+               dropout=0.0, attention="flash")
+    fp32 = gpt_analytic_profile(cfg, precision="fp32", cpu_threads=1)
+    mixed = gpt_analytic_profile(cfg, precision="bf16-mixed", cpu_threads=1)
+    assert storage_error(fp32, 2, "float16") == KAPPA * 2**-11  # fp32 compute: the dtype's own
+    assert storage_error(mixed, 2, "float16") == KAPPA * 2**-8  # bf16 compute: bf16's
