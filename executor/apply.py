@@ -83,6 +83,7 @@ import contextlib
 import gc
 import logging
 import statistics
+import sys
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -1339,10 +1340,12 @@ class _Installation:
         return (args, new) if new is not kwargs else None
 
     def _model_raised(self, module, args, out):
-        """The model's forward ended; when it raised (torch passes no output), the contexts its
-        stages entered (no_grad, the guards) are left, so grad mode and the random streams are
-        as the user had them, and the next step starts afresh."""
-        if out is None and not self.busy and not self.stopping and self.step is not None:
+        """The model's forward ended; when it raised (torch passes no output, inside its `except`:
+        a forward that returns None normally is not this), the contexts its stages entered
+        (no_grad, the guards) are left, so grad mode and the random streams are as the user had
+        them, and the next step starts afresh."""
+        raised = out is None and sys.exc_info()[1] is not None
+        if raised and not self.busy and not self.stopping and self.step is not None:
             if self.step.open:
                 self._exit()
             self.step = None

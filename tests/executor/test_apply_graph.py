@@ -271,3 +271,27 @@ def test_the_chain_check_passes_hugging_face_families_and_their_gradients_are_eq
     assert all((a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad)
                for a, b in zip(model.parameters(), ref.parameters(), strict=True))
     remove_checkpoint(model)
+
+
+def test_a_forward_that_returns_none_keeps_its_step():
+    """The hook that closes a raised forward's contexts ran for any None output: a model that
+    returns nothing (its loss kept as an attribute) lost its step before the backward."""
+    class Keeps(_Net):
+        def forward(self, x, y):
+            self.loss = super().forward(x, y)
+
+    model = Keeps("plain")
+    ref = copy.deepcopy(model)
+    x, y = _batch()
+    batch, loss_fn = ((x, y), None), (lambda out, target: model.loss)
+    prof = profile_model(model, batch, loss_fn=loss_fn, repeats=1, warmup=0)
+    store = make_plan(prof, strategy="store-all").predicted.peak_bytes
+    p = auto_checkpoint(model, batch, budget=int(0.5 * store), loss_fn=loss_fn, profile=prof)
+    assert p.recomputed
+    for m in (model, ref):
+        m.zero_grad()
+        m(x, y)
+        m.loss.backward()
+    assert all((a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad)
+               for a, b in zip(model.parameters(), ref.parameters(), strict=True))
+    remove_checkpoint(model)
