@@ -233,9 +233,10 @@ def _with_pending_tied_grad(prof, pp: int):
     sum on either); the last rank's copy of the tied matrix is not modelled (docs/capacity.md)."""
     fixed = prof.meta.get("fixed", {})
     pending = int(fixed.get("pending_shared_grad_bytes", 0))
-    if pp > 1 or not pending:
-        return prof.model_copy(update={"meta": {**prof.meta, "fixed": {**fixed, "pending_shared_grad_bytes": 0}}}) \
-            if pending else prof
+    if not pending:
+        return prof
+    if pp > 1:  # held on no rank: the record says so
+        return prof.model_copy(update={"meta": {**prof.meta, "fixed": {**fixed, "pending_shared_grad_bytes": 0}}})
     fixed = {**fixed, "total_bytes": fixed["total_bytes"] + pending}
     return prof.model_copy(update={"fixed_bytes": prof.fixed_bytes + pending,
                                    "meta": {**prof.meta, "fixed": fixed}})

@@ -87,6 +87,7 @@ from memplan.profiler.schema import (
     LayerProfile,
     Profile,
     ProfileError,
+    check_flops_per_s,
     check_optimizer,
 )
 from memplan.profiler.transients import conv_transients, gpt_transients
@@ -139,12 +140,6 @@ def _widths(c: dict[str, Any]) -> tuple[int, int, int]:
     hd = c["head_dim"] or C // H
     return hd, H * hd, c["ffn_hidden"] or 4 * C
 
-
-def _check_flops_per_s(flops_per_s: Any) -> None:
-    """Refuse a throughput that is not a finite number > 0 (infinity made every time 0)."""
-    if isinstance(flops_per_s, bool) or not isinstance(flops_per_s, (int, float)) \
-            or not math.isfinite(flops_per_s) or not flops_per_s > 0:
-        raise ProfileError(f"flops_per_s: must be a finite number > 0 (FLOP/s), got {flops_per_s!r}")
 
 
 def _check_layers(c: dict[str, Any]) -> None:
@@ -383,7 +378,7 @@ def _gpt_analytic_profile(cfg: Any, *, device: str, flops_per_s: float, optimize
     mixed = param_dtype != compute_dtype
     if mixed:
         _check_autocast_covered(c, precision)
-    _check_flops_per_s(flops_per_s)
+    check_flops_per_s(flops_per_s)
     _check_layers(c)
     if isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1:
         raise ProfileError(f"cpu_threads: the intra-op threads (torch.get_num_threads()), an integer "
@@ -511,7 +506,7 @@ def conv_analytic_profile(
             "(autocast); measure the model under autocast (memplan profile --autocast bfloat16)"
         )
     c = {**c, "dtype": param_dtype}
-    _check_flops_per_s(flops_per_s)
+    check_flops_per_s(flops_per_s)
     if sum(c["blocks"]) > MAX_LAYERS:
         raise ProfileError(f"blocks: at most {MAX_LAYERS:,} blocks in all (memplan's ceiling, NOTE "
                            f"[ A ceiling on decoder layers ] in profiler/hf_config.py), got {sum(c['blocks']):,}")

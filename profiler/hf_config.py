@@ -20,12 +20,11 @@ built on the meta device (tests/profiler/test_hf_config.py). No torch, no transf
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memplan.profiler.schema import ProfileError, check_optimizer
+from memplan.profiler.schema import ProfileError, check_flops_per_s, check_optimizer
 
 __all__ = ["CONFIG_DTYPES", "MAX_LAYERS", "DecoderShape", "ParamCounts", "decoder_shape", "param_counts", "n_params", "FAMILIES",
            "hf_analytic_profile", "hf_model", "measure_hf_config", "check_split"]
@@ -556,12 +555,6 @@ def hf_analytic_profile(
             f"NOTE [ ceilings ] in profiler/schema.py); give {fix}") from None
 
 
-def _check_flops_per_s(flops_per_s) -> None:
-    """Refuse a throughput that is not a finite number > 0 (infinity made every time 0)."""
-    if isinstance(flops_per_s, bool) or not isinstance(flops_per_s, (int, float)) \
-            or not math.isfinite(flops_per_s) or not flops_per_s > 0:
-        raise ProfileError(f"flops_per_s: must be a finite number > 0 (FLOP/s), got {flops_per_s!r}")
-
 
 def _check_sizes(seq_len, batch_size) -> None:
     for field_, value in (("seq_len", seq_len), ("batch_size", batch_size)):
@@ -627,7 +620,7 @@ def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, o
         raise ProfileError(f"attention: choose sdpa (flash kernel) or eager, not {attention!r}")
     attention = "sdpa" if attention == "flash" else attention
     check_optimizer(optimizer)
-    _check_flops_per_s(flops_per_s)
+    check_flops_per_s(flops_per_s)
     check_split(s, seq_len, tp=tp, sp=sp, cp=cp)
     from memplan.profiler.precision import policy_dtypes, precision_meta
     from memplan.profiler.schema import LayerProfile, Profile

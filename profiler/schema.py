@@ -39,6 +39,7 @@ __all__ = [
     "OPTIMIZERS",
     "OPTIMIZER_BUFFERS",
     "check_optimizer",
+    "check_flops_per_s",
     "load_profile",
     "format_validation_error",
 ]
@@ -90,6 +91,15 @@ def check_optimizer(optimizer: object) -> str:
     if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
         raise ProfileError(f"optimizer: choose one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
     return optimizer
+
+
+def check_flops_per_s(flops_per_s: object) -> float:
+    """`flops_per_s` when it is a finite number > 0 (an analytic profile's assumed throughput);
+    raises `ProfileError` naming the field otherwise (infinity made every stage's time 0)."""
+    if isinstance(flops_per_s, bool) or not isinstance(flops_per_s, (int, float)) \
+            or not math.isfinite(flops_per_s) or not flops_per_s > 0:
+        raise ProfileError(f"flops_per_s: must be a finite number > 0 (FLOP/s), got {flops_per_s!r}")
+    return flops_per_s
 
 
 SAVE_ALL = "all"  # the name of a stage's own record: autograd keeps everything (its base fields)

@@ -112,8 +112,12 @@ def profile_cmd(
 ) -> None:
     """Profile a built-in model: per-stage times, bytes and FLOPs (see docs/profiler.md)."""
     check_output_path(out, "--out")  # before profiling, which may take minutes
-    if not math.isfinite(flops_per_s) or not flops_per_s > 0:
-        raise ValueError(f"--flops-per-s: must be a finite number > 0 (FLOP/s), got {flops_per_s:g}")
+    from memplan.profiler.schema import ProfileError, check_flops_per_s
+
+    try:  # before either path: the measured ones do not read it
+        check_flops_per_s(flops_per_s)
+    except ProfileError as err:
+        raise ValueError(option_error(str(err), _GPT_OPTIONS)) from None
     if hf_config is not None:
         prof = _hf_profile(hf_config, analytic=analytic, seq=seq, batch=batch, precision=precision,
                            attention=attention, device=device, optimizer=optimizer,
