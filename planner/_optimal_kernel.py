@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import mmap
 import os
 import threading
 from bisect import bisect_right
@@ -679,19 +680,17 @@ def _restage(late, d, rows, width, K, off, cnt, PP, PT, PC, gP, gT, gC, gN, row_
 
 
 @njit(cache=True)
-def _solve(K, cap, windowed, n_workers, width):
+def _solve(K, cap, windowed, n_workers, width, PP, PT, PC):
     """All sub-problems by length (each needs only shorter ones, and P(s, s+d) also Q(s, s+d-1)),
     those of one length and kind in parallel: each worker writes its frontiers to a staging row
     of width `width`; one that does not fit is solved again after the parallel loop, alone, and
-    the rows widened. The pool keeps a sentinel peak after every frontier (for `_split_points`)."""
+    the rows widened. The pool (PP, PT, PC: `_pool`) keeps a sentinel peak after every frontier
+    (for `_split_points`); returned are its used parts, views (NOTE [ the pool's memory ])."""
     x, useful = K[0], K[9]
     L = x.shape[0] - 1
     lo = _windows(x, K[17], useful, cap, windowed)  # the largest record: the most held
     off = np.zeros((2, L + 2, L + 1), np.int64)
     cnt = np.zeros((2, L + 2, L + 1), np.int64)
-    PP = np.empty(1 << 16, np.int64)
-    PT = np.empty(1 << 16, np.float64)
-    PC = np.empty(1 << 16, np.int64)
     used = 0
     gP, gT, gC = _staging(L, width)
     gN = np.zeros(L, np.int64)
@@ -728,7 +727,45 @@ def _solve(K, cap, windowed, n_workers, width):
             if 2 * biggest > width:
                 width = 2 * biggest
                 gP, gT, gC = _staging(L, width)
-    return off, cnt, PP[:used].copy(), PT[:used].copy(), PC[:used].copy()
+    return off, cnt, PP[:used], PT[:used], PC[:used]
+
+
+# NOTE [ the pool's memory ]
+# The pool holds every sub-problem's frontier: 5.9 M points, 142 MB, at 200 stages with four save
+# policies (benchmarks/bench_policies.py). Grown by doubling, it was copied about seven times and
+# each new array's pages faulted in one by one, and trimmed by a last copy: a tenth of the solve.
+# So it is reserved once, as anonymous memory that the OS commits only where it is written
+# (pages never touched cost nothing, so the reservation may be generous), with transparent huge
+# pages asked for where Linux offers them on request (`madvise` mode): 2 MiB pages fault in 512
+# times less often, and the walks' reads, scattered over children's frontiers all over the pool,
+# miss the TLB less. A pool that outgrows its reservation still doubles (`_grow3`), and the result
+# is the used part of the pool, a view that keeps the reservation alive, not a copy.
+_POOL_POINTS_PER_SUB = 1024  # reserved points per sub-problem (windowed 200-stage chains: ~300)
+_POOL_MAX_POINTS = 1 << 27  # 1 GiB of address space per array at most
+
+
+def _pool(n_sub: int):
+    """The frontier pool's three arrays (peaks int64 bytes, times float64 seconds, choices int64),
+    room for `_POOL_POINTS_PER_SUB` points per sub-problem (`n_sub` of them), committed only where
+    written (NOTE [ the pool's memory ]); plain arrays where anonymous mappings are missing."""
+    points = int(min(_POOL_MAX_POINTS, max(1 << 16, n_sub * _POOL_POINTS_PER_SUB)))
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    if not flags:  # pragma: no cover - Windows: no anonymous private mappings in mmap
+        return np.empty(points, np.int64), np.empty(points, np.float64), np.empty(points, np.int64)
+    out = []
+    for dtype in (np.int64, np.float64, np.int64):
+        try:
+            buf = mmap.mmap(-1, points * 8, flags=flags | getattr(mmap, "MAP_NORESERVE", 0))
+        except (OSError, ValueError):  # pragma: no cover - address space refused: grow instead
+            return (np.empty(1 << 16, np.int64), np.empty(1 << 16, np.float64),
+                    np.empty(1 << 16, np.int64))
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                buf.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # pragma: no cover - a kernel without transparent huge pages
+                pass
+        out.append(np.frombuffer(buf, dtype))
+    return tuple(out)
 
 
 @njit(cache=True)
@@ -908,9 +945,11 @@ def solve_compiled(c: Costs, *, cap: int | None = None, windowed: bool = False, 
         cap = -1  # nothing fits (the kernel's "no cap" sentinel is large, so keep the sign)
     cap_i = _NO_CAP if cap is None else np.int64(cap)
     # _width: the first staging row's width in points (tests make it tiny to take the slow path)
+    K = _arrays(c)
+    n_sub = c.L * (c.L + 1) // 2 * (2 if K[9].any() else 1)  # P, and Q where late splits help
     with _LAUNCH:
-        off, cnt, P, T, C = _solve(_arrays(c), cap_i, windowed and cap is not None,
-                                   max(1, get_num_threads()), _width)
+        off, cnt, P, T, C = _solve(K, cap_i, windowed and cap is not None,
+                                   max(1, get_num_threads()), _width, *_pool(n_sub))
     return PoolFrontiers(c, cap, off, cnt, P, T, C)
 
 

@@ -69,6 +69,7 @@ from memplan.planner._optimal_kernel import (
     _last_le,
     _listed,
     _merge_env,
+    _pool,
     _push,
     _restage,
     _staging,
@@ -328,22 +329,21 @@ def _fold_into(Rp, Rt, Rc, ne, Hp, Ht, nh, shift, sub, floor, cap):
 
 
 @njit(cache=True)
-def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum, fold, band, cum):
+def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum, fold, band, cum, PP, PT,
+                PC):
     """The kernel's `_solve` over the sub-problems `status` marks: SOLVE ones solved (exactly),
     ALIAS ones pointed at their class's first member `rep`, OPTIMISTIC ones given the one point
     (fl, fbsum) (NOTE [ banded DP and its certificate ]), SKIP ones left empty. A length with
     fewer than 4 x n_workers sub-problems to solve builds each one in n_workers memory ranges, one
     a worker (NOTE [ split order and parts ] in planner/_optimal_kernel.py). Returns the pool
-    (off, cnt, peaks, times, choices) like `_solve`. `fold` (band: the band's width, cum: C):
-    each suffix's long optimistic splits as one staircase (NOTE [ folded lower run ])."""
+    (off, cnt, peaks, times, choices) like `_solve`, in the pool PP, PT, PC (`_pool`; NOTE [ the
+    pool's memory ] in planner/_optimal_kernel.py). `fold` (band: the band's width, cum: C): each
+    suffix's long optimistic splits as one staircase (NOTE [ folded lower run ])."""
     x, useful = K[0], K[9]
     L = x.shape[0] - 1
     lo = _windows_long(x, K[4], useful, cap, windowed, status, rep)
     off = np.zeros((2, L + 2, L + 1), np.int64)
     cnt = np.zeros((2, L + 2, L + 1), np.int64)
-    PP = np.empty(1 << 16, np.int64)
-    PT = np.empty(1 << 16, np.float64)
-    PC = np.empty(1 << 16, np.int64)
     used = 0
     nrows = max(L, 4 * n_workers * n_workers)
     gP, gT, gC = _staging(nrows, width)
@@ -440,7 +440,7 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum, fold
             if 2 * biggest > width:
                 width = 2 * biggest
                 gP, gT, gC = _staging(nrows, width)
-    return off, cnt, PP[:used].copy(), PT[:used].copy(), PC[:used].copy()
+    return off, cnt, PP[:used], PT[:used], PC[:used]
 
 
 @dataclass
@@ -543,7 +543,9 @@ def solve_long(c: Costs, *, cap: int | None, width: int | None = None, optimisti
     with _LAUNCH:
         off, cnt, P, T, C = _solve_long(K, cap_i, windowed and cap is not None,
                                         _workers or max(1, get_num_threads()), _width, status,
-                                        rep_arr, fl, fbsum, fold, width or L, cum)
+                                        rep_arr, fl, fbsum, fold, width or L, cum,
+                                        *_pool(int(np.count_nonzero(status == SOLVE))
+                                               + int(np.count_nonzero(status == OPTIMISTIC))))
     return LongFrontiers(c, cap, off, cnt, P, T, C, rep)
 
 

@@ -210,3 +210,37 @@ def test_both_merges_equal_the_reference_envelope(seed):
     scratch = [np.empty(ne + ns + 1, a.dtype) for a in E]
     m = _merge_in_place(*got, ne, Sp, St, Sc, ns, *scratch)
     assert [g[:m].tolist() for g in got] == want
+
+
+def test_a_pool_that_outgrows_its_reservation_grows_to_the_same_frontiers(monkeypatch):
+    # NOTE [ the pool's memory ]: reserved once; a pool that outgrows it doubles instead
+    import numpy as np
+    from memplan.planner import _optimal_kernel as kernel
+
+    c = costs_of(_real_bytes_chain(30, 7))
+    reserved = solve_compiled(c)
+    monkeypatch.setattr(kernel, "_POOL_POINTS_PER_SUB", 0)  # the least reservation: 2^16 points
+    monkeypatch.setattr(kernel, "_pool", lambda n_sub, f=kernel._pool: tuple(
+        a[:64] for a in f(n_sub)))  # and cut to 64 points, so the kernel must grow it
+    grown = solve_compiled(c)
+    assert grown.top() == reserved.top()
+    for st_ in range(1, c.L + 1):
+        for t in range(st_, c.L + 1):
+            for a, b in zip(grown.point_arrays(st_, t), reserved.point_arrays(st_, t), strict=True):
+                assert np.array_equal(a, b)
+
+
+def test_the_frontiers_outlive_the_object_that_made_them():
+    # the result is a view of the reserved pool (NOTE [ the pool's memory ]), which the view
+    # keeps alive
+    import gc
+
+    import numpy as np
+
+    fr = solve_compiled(costs_of(_real_bytes_chain(30, 3)))
+    peaks, times, _ = fr.point_arrays(1, fr.costs.L)
+    kept = peaks.copy(), times.copy()
+    del fr
+    gc.collect()
+    junk = [np.ones(1 << 16) for _ in range(64)]  # reuse whatever memory was freed
+    assert np.array_equal(peaks, kept[0]) and np.array_equal(times, kept[1]) and len(junk) == 64
