@@ -502,12 +502,47 @@ def _recomputed(ops, n_stages: int) -> int:
     return sum(1 for op in ops if op[0] in ("F", "R")) - n_stages
 
 
+def backward_floors(c) -> list[int]:
+    """Per stage t (index 0 unused), the least bytes its backward `B t` holds in any schedule:
+    its input a_{t-1}, its record s_t, the gradients d_t and d_{t-1} and its backward transients
+    (and, for the last stage, the loss making d_L beside a_L and s_L), under its least save
+    policy. No schedule's peak is below the largest of them (NOTE [ the least peak's stage ])."""
+    out = [0]
+    for t in range(1, c.L + 1):
+        xs, xt = c.x[t - 1], c.x[t]
+        need = []
+        for p in c.pols(t):
+            r = c.row(p)
+            b = xs + r.s[t] + xt + xs + r.tb[t]
+            need.append(max(b, xs + r.s[t] + 2 * xt) if t == c.L else b)
+        out.append(min(need))
+    return out
+
+
+# NOTE [ the least peak's stage ]
+# A budget below the least peak gets an infeasible plan that says the least budget. Where one
+# stage's own backward is most of that least peak (at least FLOOR_SHARE of it), the message names
+# the stage: no placement of records and recomputes goes below what the stage holds while it runs
+# its backward, so the budget can only be met by changing the stage itself (a save policy; for a
+# language model's head, a fused or chunked cross-entropy, which never holds the full logits and
+# their gradient at once). A full-vocabulary GPT-2 head is such a stage: 3 x 206 MB of logits,
+# log-softmax and gradient at batch 4 x 256 tokens (docs/benchmarks.md, bench_peers at full size).
+FLOOR_SHARE = 0.9
+
+
 def _infeasible(profile: Profile, budget_bytes, least: int, options: dict) -> Plan:
     plan = infeasible_plan(
         profile, strategy="optimal", budget_bytes=budget_bytes, least_bytes=least, options=options
     )
     # the shared message ends by suggesting this very strategy; say what helps instead
     msg = plan.message.replace(" or try strategy 'optimal'", "")
+    floors = backward_floors(costs_of(profile))
+    t = max(range(1, len(floors)), key=floors.__getitem__)
+    if least > 0 and floors[t] >= FLOOR_SHARE * least:  # NOTE [ the least peak's stage ]
+        msg += (f"; stage {t} ({profile.layers[t - 1].name!r}) alone holds {floors[t]} bytes in "
+                "its backward (its input, record, gradients and transients), which no placement "
+                "of recomputes lowers: lower it inside that stage (a save policy; for a loss "
+                "head, a fused or chunked cross-entropy)")
     return plan.model_copy(update={"message": msg})
 
 

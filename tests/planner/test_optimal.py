@@ -241,3 +241,30 @@ def test_grouped_mode_on_a_long_chain():
     assert plan.options["mode"] == "grouped" and plan.feasible
     _check_plan(prof, plan)
     assert plan.predicted.peak_bytes <= 60
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_chains(max_stages=6))
+def test_no_schedule_goes_below_a_stages_backward(prof):
+    # NOTE [ the least peak's stage ]: each stage's backward floor is a lower bound on every
+    # schedule's peak, so on the least peak
+    from memplan.planner.optimal import backward_floors
+
+    c = costs_of(prof)
+    assert max(backward_floors(c)) <= least_peak(c)
+
+
+def test_infeasible_names_the_stage_whose_backward_sets_the_least_peak():
+    # a language-model-like head: logits x_L and a record as large, the blocks small
+    prof = chain([4, 4, 4, 4, 100], [1, 1, 1, 1], [2, 2, 2, 2], [4, 4, 4, 100])
+    from memplan.planner.optimal import backward_floors
+
+    floors = backward_floors(costs_of(prof))
+    least = least_peak(costs_of(prof))
+    assert floors[4] == 4 + 100 + 2 * 100  # a_3, s_4, and the loss making d_4 beside a_4
+    plan = planner.plan(prof, budget_bytes=least - 1)
+    assert not plan.feasible
+    assert f"stage 4 ('s4') alone holds {floors[4]} bytes in its backward" in plan.message
+    assert "fused or chunked cross-entropy" in plan.message
+    # where no one stage is most of the least peak, nothing is named
+    assert "alone holds" not in planner.plan(worked_example(), budget_bytes=16).message

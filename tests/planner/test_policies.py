@@ -243,3 +243,14 @@ def test_frontier_names_the_policies_and_shows_what_they_buy(tmp_path):
         assert fr.points[k].time_s <= w.time_s * (1 + 1e-9)
     assert plot_frontier(fr, tmp_path / "f.png").stat().st_size > 0
     assert frontier(prof.with_policies(None)).whole_stage_points is None
+
+
+def test_a_stages_backward_floor_under_its_least_policy_bounds_the_least_peak():
+    # NOTE [ the least peak's stage ] in planner/optimal.py, with save policies
+    from memplan.planner.optimal import backward_floors
+    from memplan.planner.optimal import least_peak as least_compiled
+
+    rng = random.Random(11)
+    for _ in range(60):
+        c = costs_of(random_policy_chain(rng, rng.randint(1, 7), max_policies=4))
+        assert max(backward_floors(c)) <= least_compiled(c)
