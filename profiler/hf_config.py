@@ -20,11 +20,14 @@ built on the meta device (tests/profiler/test_hf_config.py). No torch, no transf
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memplan.profiler.schema import ProfileError, check_flops_per_s, check_optimizer
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CONFIG_DTYPES", "MAX_LAYERS", "DecoderShape", "ParamCounts", "decoder_shape", "param_counts", "n_params", "FAMILIES",
            "hf_analytic_profile", "hf_model", "measure_hf_config", "check_split"]
@@ -744,6 +747,7 @@ def measure_hf_config(
     config: str | Path | dict, *, seq_len: int, batch_size: int = 1, precision: str = "fp32",
     attention: str = "sdpa", device: str = "cpu", optimizer: str = "adamw", repeats: int = 3,
     warmup: int = 1, name: str | None = None, seed: int = 0, policies: bool | list[str] = False,
+    progress=None,
 ):
     """The measured profile (`memplan.profiler.measure.profile_chain`) of the model `config`
     describes, built with random weights and cut by `cut_decoder`, on a random batch of
@@ -753,7 +757,8 @@ def measure_hf_config(
     passes one tensor between stages and a decoder cut a pair (hidden states, the per-layer
     arguments the embedding made), so each stage is wrapped: the embedding keeps the arguments it
     made, the later stages read them; what each stage outputs and saves is unchanged. `policies`
-    measures save policies per stage as profile_chain does."""
+    measures save policies per stage as profile_chain does; `progress(done, total, what)` as
+    there, called after each stage is measured."""
     import torch
     import torch.nn as nn
     from memplan.profiler.cut import cut_decoder
@@ -769,6 +774,8 @@ def measure_hf_config(
                            f"the rows of the model's learned position table; give at most "
                            f"{shape.max_positions}")
     param_dtype, compute_dtype = policy_dtypes(precision)
+    log.info("building %s from its config with random weights (%d layers, width %d)",
+             shape.model_type, shape.n_layer, shape.hidden_size)
     model = hf_model(config, attention=attention, seed=seed)
     if param_dtype == "bfloat16":
         model = model.to(torch.bfloat16)
@@ -803,7 +810,7 @@ def measure_hf_config(
     return profile_chain(
         wrapped, ids, device=device, repeats=repeats, warmup=warmup, timing="stage",
         autocast_dtype=autocast, optimizer=optimizer, names=[s.memplan_name for s in stages],
-        policies=policies,
+        policies=policies, progress=progress,
         name=name or f"{shape.model_type}-{shape.n_layer}x{shape.hidden_size}",
         meta={"config": {"family": "hf", **shape.as_dict(), "seq_len": seq_len, "batch_size": batch_size},
               "attention_backend": attention, "hf_input": "input_ids only (labels held by the head)"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Annotated
@@ -268,8 +269,9 @@ def _hf_profile(path: Path, *, analytic, seq, batch, precision, attention, devic
 
             if not torch.cuda.is_available():
                 raise ValueError("--device: CUDA is not available on this machine; use --device cpu")
-        return hf.measure_hf_config(cfg, device=device, repeats=repeats, warmup=warmup,
-                                    policies=policies, **kw)
+        with _progress_bar(f"{cfg.get('model_type', 'hf')} from {path.name}") as progress:
+            return hf.measure_hf_config(cfg, device=device, repeats=repeats, warmup=warmup,
+                                        policies=policies, progress=progress, **kw)
     except ValueError as err:
         raise ValueError(option_error(str(err), _HF_OPTIONS)) from None
 
@@ -300,7 +302,6 @@ def _policy_dtypes(precision: str | None, dtype: str | None,
 def _measure(model, cfg, *, device, repeats, warmup, timing, optimizer, autocast, name,
              policies=False):
     import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from memplan.profiler.measure import profile_chain
     from memplan.profiler.models import FAMILIES
@@ -312,20 +313,30 @@ def _measure(model, cfg, *, device, repeats, warmup, timing, optimizer, autocast
     module, _, builder = FAMILIES[model]
     stages, x = getattr(importlib.import_module(module), builder)(cfg, device=device)
     label = name or (f"{model}-{cfg.n_layer}x{cfg.n_embd}" if model == "gpt" else "resnet-like")
-    with Progress(
-        TextColumn("profiling {task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=console(), transient=True,
-    ) as bar:
-        task = bar.add_task(label, total=len(stages))
-
-        def progress(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, description=f"{label}: {what}")
-
+    with _progress_bar(label) as progress:
         return profile_chain(
             stages, x, device=device, repeats=repeats, warmup=warmup, timing=timing,
             optimizer=optimizer, autocast_dtype=autocast, name=label, progress=progress,
             policies=policies,
         )
+
+
+@contextlib.contextmanager
+def _progress_bar(label: str):
+    """A transient bar of stages measured: yields `progress(done, total, what)` for
+    `profile_chain`."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("profiling {task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console(), transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"{label}: {what}")
+
+        yield progress
 
 
 def _print_profile(prof, out: Path | None) -> None:
