@@ -54,7 +54,7 @@ from memplan.profiler.schema import Profile
 
 __all__ = ["plan_optimal", "solve_frontier", "EXACT_MAX_STAGES", "EXACT_MAX_STAGES_UNCAPPED",
            "DEFAULT_GROUPS", "MODES", "BAND_WIDTH", "check_mode", "use_slotted", "plan_slotted",
-           "lower_bound_banded", "check_offload", "check_offload_plannable"]
+           "lower_bound_banded", "check_offload", "check_offload_plannable", "backward_floors"]
 
 log = logging.getLogger(__name__)
 
