@@ -9,16 +9,14 @@ import pytest
 from typer.testing import CliRunner
 
 from memplan.cli import app
+from tests.cli_lines import one_error_line
 
 runner = CliRunner()
 PROFILE = "examples/gpt24.json"
 
 
 def _one_error_line(res, message: str) -> None:
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0] == f"error: {message}", lines
-    assert "Traceback" not in res.output
+    assert one_error_line(res) == message, res.stderr
 
 
 @pytest.mark.parametrize("args", [

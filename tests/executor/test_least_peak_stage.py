@@ -10,8 +10,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import memplan  # noqa: E402
 from memplan.executor.apply import InfeasiblePlanError  # noqa: E402
+
+import memplan  # noqa: E402
 
 
 def test_a_large_vocabulary_head_is_named_with_its_backward_bytes():

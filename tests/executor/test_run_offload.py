@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from memplan import planner
 from memplan.cli import app
+from tests.cli_lines import one_error_line
 
 runner = CliRunner()
 TINY = ["--n-layer", "2", "--d-model", "32", "--n-head", "2", "--seq", "16", "--vocab", "64",
@@ -56,12 +57,6 @@ def specs(monkeypatch):
     return seen
 
 
-def _one_error_line(res) -> str:
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    assert "Traceback" not in res.output
-    return lines[0].removeprefix("error: ")
 
 
 @pytest.mark.parametrize(("args", "bandwidth", "host"), [
@@ -77,12 +72,12 @@ def test_cli_flags_reach_the_run_spec_in_bytes(specs, args, bandwidth, host):
 
 
 def test_cli_bad_bandwidth_is_one_line_naming_the_option(specs):
-    line = _one_error_line(runner.invoke(app, ["run", *TINY, "--offload-bandwidth", "fast"]))
+    line = one_error_line(runner.invoke(app, ["run", *TINY, "--offload-bandwidth", "fast"]))
     assert line.startswith("--offload-bandwidth: cannot read 'fast' as bytes per second")
-    line = _one_error_line(runner.invoke(app, ["run", *TINY, "--offload-bandwidth", "1GB/s",
+    line = one_error_line(runner.invoke(app, ["run", *TINY, "--offload-bandwidth", "1GB/s",
                                                "--host-memory", "lots"]))
     assert line.startswith("--host-memory: ")
-    line = _one_error_line(runner.invoke(app, ["run", *TINY, "--offload-bandwidth", "0GB/s"]))
+    line = one_error_line(runner.invoke(app, ["run", *TINY, "--offload-bandwidth", "0GB/s"]))
     assert line == "--offload-bandwidth: must be above 0 bytes/s, got '0GB/s'; leave it out for no offload"
     assert specs == []  # refused before anything was built
 
@@ -100,7 +95,7 @@ def test_cli_server_body_carries_the_options_only_when_given(monkeypatch):
     monkeypatch.setattr(run_cli, "remote", lambda server: Remote())
     res = runner.invoke(app, ["run", *TINY, "--offload-bandwidth", "25GB/s", "--host-memory", "1GiB",
                               "--server", "http://127.0.0.1:1"])
-    assert _one_error_line(res) == f"server: job r1 failed: {REFUSAL}"
+    assert one_error_line(res) == f"server: job r1 failed: {REFUSAL}"
     assert bodies[0]["offload_bandwidth"] == 25e9 and bodies[0]["host_memory_bytes"] == 2**30
     runner.invoke(app, ["run", *TINY, "--server", "http://127.0.0.1:1"])
     assert "offload_bandwidth" not in bodies[1] and "host_memory_bytes" not in bodies[1]
@@ -135,7 +130,7 @@ def test_run_hf_config_names_the_runs_option_when_it_refuses_on_the_cpu():
 
 @pytest.mark.slow
 def test_cli_offload_plan_on_the_cpu_is_refused_in_one_line(plans):
-    line = _one_error_line(runner.invoke(app, ["run", *TINY, "--offload-bandwidth", "25GB/s"]))
+    line = one_error_line(runner.invoke(app, ["run", *TINY, "--offload-bandwidth", "25GB/s"]))
     assert line == REFUSAL
     assert plans[-1].options["offload_bandwidth"] == 25e9
     moved = [op for op in plans[-1].schedule if op[0] in TRANSFER_OPS]
@@ -156,7 +151,7 @@ def test_cli_offload_plan_on_the_cpu_is_refused_in_one_line(plans):
 ])
 def test_cli_options_the_planner_refuses_name_the_option(args, message):
     # refused before profiling, with the planner's own rules (check_offload_options)
-    assert _one_error_line(runner.invoke(app, ["run", *TINY, *args])).startswith(message)
+    assert one_error_line(runner.invoke(app, ["run", *TINY, *args])).startswith(message)
 
 
 @pytest.mark.slow

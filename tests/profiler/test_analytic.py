@@ -11,6 +11,8 @@ from memplan.profiler.analytic import (
     moe_capacity,
 )
 
+from tests.cli_lines import one_error_line, run_cli
+
 
 def test_korthikanti_gpt3_layer():
     # Korthikanti et al. 2022, table 2's GPT-3 175B: s=2048, h=12288, a=96, b=1:
@@ -172,18 +174,8 @@ def test_conv_measured_transients_equal_analytic(kw, exact):
         assert abs(peak - planner.plan(measured, strategy="store-all").predicted.peak_bytes) <= JITTER
 
 
-def _cli(*args: str):
-    from typer.testing import CliRunner
-
-    from memplan.cli import app
-
-    return CliRunner().invoke(app, list(args))
-
-
 def _one_line(res, start: str) -> None:
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {start}"), res.stderr
+    assert one_error_line(res).startswith(start), res.stderr
 
 
 def test_flops_per_s_and_capacity_factor_must_be_finite():
@@ -194,9 +186,9 @@ def test_flops_per_s_and_capacity_factor_must_be_finite():
     with pytest.raises(ProfileError, match=r"^moe_capacity_factor: must be a finite number > 0"):
         gpt_analytic_profile(dict(n_layer=1, n_embd=32, n_head=2, block_size=8, batch_size=1, vocab_size=64,
                                   moe_experts=4, moe_capacity_factor=float("inf")))
-    _one_line(_cli("profile", "--analytic", "--n-layer", "2", "--moe-experts", "4", "--capacity-factor", "inf"),
+    _one_line(run_cli("profile", "--analytic", "--n-layer", "2", "--moe-experts", "4", "--capacity-factor", "inf"),
               "--capacity-factor: must be a finite number > 0")
-    _one_line(_cli("profile", "--analytic", "--n-layer", "2", "--flops-per-s", "inf"),
+    _one_line(run_cli("profile", "--analytic", "--n-layer", "2", "--flops-per-s", "inf"),
               "--flops-per-s: must be a finite number > 0")
 
 
@@ -206,7 +198,7 @@ def test_layer_ceiling():
     with pytest.raises(ProfileError, match=r"^n_layer: at most 10,000 blocks"):
         gpt_analytic_profile(dict(n_layer=MAX_LAYERS + 1, n_embd=32, n_head=2, block_size=8, batch_size=1,
                                   vocab_size=64))
-    _one_line(_cli("profile", "--analytic", "--n-layer", "100000"), "--n-layer: at most 10,000 blocks")
+    _one_line(run_cli("profile", "--analytic", "--n-layer", "100000"), "--n-layer: at most 10,000 blocks")
 
 
 def test_over_ceiling_sizes_are_one_line_naming_the_field():
@@ -215,7 +207,7 @@ def test_over_ceiling_sizes_are_one_line_naming_the_field():
         gpt_analytic_profile({**cfg, "batch_size": 10**12})
     with pytest.raises(ProfileError, match=r"^n_layer, n_embd, vocab_size: .*ceilings.*a smaller model"):
         gpt_analytic_profile({**cfg, "batch_size": 1, "vocab_size": 2**50})
-    _one_line(_cli("profile", "--model", "gpt", "--analytic", "--n-layer", "2", "--batch", "1000000000000"),
+    _one_line(run_cli("profile", "--model", "gpt", "--analytic", "--n-layer", "2", "--batch", "1000000000000"),
               "--batch: the profile's")
 
 
@@ -226,10 +218,10 @@ def test_over_ceiling_sizes_are_one_line_naming_the_field():
     (["--n-head", "5"], "--n-head:"),
 ])
 def test_cli_errors_name_the_option_not_the_field(args, start):
-    _one_line(_cli("profile", "--model", "gpt", "--analytic", "--n-layer", "2", *args), start)
+    _one_line(run_cli("profile", "--model", "gpt", "--analytic", "--n-layer", "2", *args), start)
 
 
 def test_a_zero_channel_count_is_named_before_the_default_blocks():
     """--channels 0,16 was refused for the default --blocks' length, not for its 0."""
-    _one_line(_cli("profile", "--model", "conv", "--analytic", "--channels", "0,16"),
+    _one_line(run_cli("profile", "--model", "conv", "--analytic", "--channels", "0,16"),
               "--channels: every entry must be a positive integer, got 0,16")

@@ -18,6 +18,8 @@ from memplan.profiler.hf_config import (
 )
 from memplan.profiler.schema import ProfileError
 
+from tests.cli_lines import one_error_line, run_cli
+
 CONFIGS = Path(__file__).parent / "hf_configs"
 
 
@@ -25,19 +27,8 @@ def _config(name: str) -> dict:
     return json.loads((CONFIGS / f"{name}.json").read_text())
 
 
-def _cli(*args: str):
-    from typer.testing import CliRunner
-
-    from memplan.cli import app
-
-    return CliRunner().invoke(app, list(args))
-
-
-def _one_error_line(res, start: str) -> str:
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {start}"), res.stderr
-    return lines[0]
+def _one_error_line(res, start: str) -> None:
+    assert one_error_line(res).startswith(start), res.stderr
 
 
 # -- tied embeddings: the head's pending gradient of the shared matrix ---------------------------
@@ -157,7 +148,7 @@ def test_measured_sizes_are_checked_before_building():
 # -- the CLI: one line naming the option ---------------------------------------------------------
 
 def test_cli_refuses_batch_zero_with_hf_config():
-    res = _cli("profile", "--hf-config", str(CONFIGS / "tiny-llama.json"), "--analytic", "--seq", "8",
+    res = run_cli("profile", "--hf-config", str(CONFIGS / "tiny-llama.json"), "--analytic", "--seq", "8",
                "--batch", "0")
     _one_error_line(res, "--batch: expected an integer >= 1, got 0")
 
@@ -166,7 +157,7 @@ def test_cli_gpt2_seq_beyond_positions_is_one_line(tmp_path):
     path = tmp_path / "gpt2.json"
     path.write_text(json.dumps({**_config("gpt2"), "n_positions": 64, "n_layer": 1, "n_embd": 32,
                                 "n_head": 2, "vocab_size": 64}))
-    res = _cli("profile", "--hf-config", str(path), "--seq", "128", "--repeats", "1", "--warmup", "0")
+    res = run_cli("profile", "--hf-config", str(path), "--seq", "128", "--repeats", "1", "--warmup", "0")
     _one_error_line(res, "--seq: 128 tokens exceed config.n_positions (64)")
 
 
@@ -178,14 +169,14 @@ def test_cli_gpt2_seq_beyond_positions_is_one_line(tmp_path):
 def test_cli_profile_bad_config_is_one_line(tmp_path, patch, start):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({**_config("tiny-llama"), **patch}))
-    _one_error_line(_cli("profile", "--hf-config", str(path), "--analytic", "--seq", "8"), start)
+    _one_error_line(run_cli("profile", "--hf-config", str(path), "--analytic", "--seq", "8"), start)
 
 
 def test_cli_profile_hf_names_options_not_fields():
     path = str(CONFIGS / "tiny-llama.json")
-    _one_error_line(_cli("profile", "--hf-config", path, "--analytic", "--seq", "8", "--optimizer", "lion"),
+    _one_error_line(run_cli("profile", "--hf-config", path, "--analytic", "--seq", "8", "--optimizer", "lion"),
                     "--optimizer:")
-    _one_error_line(_cli("profile", "--hf-config", path, "--analytic", "--seq", "8", "--flops-per-s", "inf"),
+    _one_error_line(run_cli("profile", "--hf-config", path, "--analytic", "--seq", "8", "--flops-per-s", "inf"),
                     "--flops-per-s: must be a finite number > 0")
 
 

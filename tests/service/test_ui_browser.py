@@ -220,6 +220,15 @@ def upload_profile(b: Browser, profile: dict, path: Path) -> None:
     pick_file(b, path)
 
 
+def upload_and_plan(b: Browser, profile: dict, path: Path, *, shows: str | None = None) -> None:
+    """`upload_profile`, then wait for the page's first plan (and, given `shows`, for the profile
+    line to include it)."""
+    upload_profile(b, profile, path)
+    named = (f"document.querySelector('#profile-info').textContent.includes({json.dumps(shows)}) && "
+             if shows else "")
+    b.wait(named + "Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
+
+
 def api_frontier(url: str, profile: dict, timeout_s: float = 60) -> dict:
     """What POST /v1/plans/frontier answers for `profile` at 60 points."""
     return httpx.post(url + "/v1/plans/frontier", json={"profile": profile, "options": {"points": 60}},
@@ -286,8 +295,7 @@ def test_upload_move_budget_and_see_the_api_numbers(serve, browser, tmp_path, ar
     frontier = api_frontier(serve.url, profile)
 
     # upload through the file input, as a user picking a file
-    upload_profile(b, profile, tmp_path / "chain12.json")
-    b.wait("Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
+    upload_and_plan(b, profile, tmp_path / "chain12.json")
     assert "chain12" in b.js("document.querySelector('#profile-info').textContent")
     first = check_against_api(b, serve.url, profile, frontier)
     assert first["budget"] == frontier["least_peak_bytes"] + round(
@@ -352,9 +360,7 @@ def test_save_policies_are_named_per_stage(serve, browser, tmp_path):
                            "saved_bytes": la["saved_bytes"] // 3, "backward_temp_bytes": 0,
                            "forward_s": la["forward_s"], "backward_s": la["backward_s"] * 1.1}]
     frontier = api_frontier(serve.url, profile)
-    upload_profile(b, profile, tmp_path / "policies8.json")
-    b.wait("document.querySelector('#profile-info').textContent.includes('policies8') && "
-           "Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
+    upload_and_plan(b, profile, tmp_path / "policies8.json", shows="policies8")
     b.js("document.querySelector('#budget-range').focus()")
     b.key("Home", vk=36)
     b.wait(f"Number(document.querySelector('#plan-section').dataset.budget) === {frontier['least_peak_bytes']}",
@@ -370,9 +376,7 @@ def test_offload_bandwidth_plans_and_shows_what_moves(serve, browser, tmp_path, 
     b = browser
     open_page(b, serve.url)
     profile = make_profile(8)
-    upload_profile(b, profile, tmp_path / "offload8.json")
-    b.wait("document.querySelector('#profile-info').textContent.includes('chain8') && "
-           "Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
+    upload_and_plan(b, profile, tmp_path / "offload8.json", shows="chain8")
     assert b.js("document.querySelector('#sum-host').textContent") == "-"
     b.js("(() => { const t = document.querySelector('#offload-text'); t.focus(); t.select(); })()")
     b.type("2MB/s")
@@ -731,8 +735,7 @@ def test_a_refused_profile_leaves_the_planned_one(serve, browser, tmp_path):
     open_page(b, serve.url)
     profile = make_profile(8)
     frontier = api_frontier(serve.url, profile)
-    upload_profile(b, profile, tmp_path / "chain8.json")
-    b.wait("Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
+    upload_and_plan(b, profile, tmp_path / "chain8.json")
     info = text(b, "#profile-info")
     before = check_against_api(b, serve.url, profile, frontier)
 
@@ -793,8 +796,7 @@ def test_a_refused_plan_request_greys_out_the_last_plan(serve, browser, tmp_path
     b = browser
     open_page(b, serve.url)
     profile = make_profile(8)
-    upload_profile(b, profile, tmp_path / "chain8.json")
-    b.wait("Number(document.querySelector('#plan-section').dataset.seq) >= 1", "the first plan")
+    upload_and_plan(b, profile, tmp_path / "chain8.json")
     stale = ("[document.querySelector('#plan-section').dataset.stale, document.querySelector('#timeline-section').dataset.stale,"
              " document.querySelector('#frontier-section').dataset.stale, document.querySelector('#plan-stale').hidden]")
     assert b.js(stale) == [None, None, None, True]
