@@ -60,7 +60,7 @@ from memplan.planner.simulate import nograd_forward_s, nograd_forward_temp_bytes
 
 __all__ = ["Costs", "Record", "Frontiers", "record_code", "record_policy", "PolicyRuns",
            "policy_runs", "schedule_and_policies", "expand_policies", "solve", "costs_of", "schedule_ops", "least_peak", "group_costs",
-           "expand_ops", "late_useful", "late_useful_of", "staircase"]
+           "expand_ops", "late_useful", "late_useful_of", "staircase", "backward_floor", "backward_floors"]
 
 RECORD = 0  # choice code: record stage s; a split stores s' (>= s+1), a late split -s'
 POLICY_BASE = -(1 << 40)  # a record under save policy p >= 1: POLICY_BASE - p (below every -s')
@@ -232,11 +232,26 @@ def _one_stage_peak(c: Costs, t: int, late: bool, r: Record | None = None) -> in
     Stage t+1 of a late part has one policy (`late_useful`), its base fields."""
     r = r or c.row(0)
     x, s, xs, hold = c.x, r.s, c.x[t - 1], _hold(c, t, late)
-    b_peak = xs + s[t] + x[t] + xs + r.tb[t]
+    floor = backward_floor(c, t, r)  # a late part's t < L: its plain backward peak
     if late:
-        return max(xs + hold + s[t] + r.tf_l[t], xs + s[t] + hold + x[t] + c.tb[t + 1], b_peak)
-    pk = max(xs + hold + x[t] + s[t] + r.tf_r[t], b_peak)
-    return max(pk, xs + s[t] + 2 * x[t]) if t == c.L else pk
+        return max(xs + hold + s[t] + r.tf_l[t], xs + s[t] + hold + x[t] + c.tb[t + 1], floor)
+    return max(xs + hold + x[t] + s[t] + r.tf_r[t], floor)
+
+
+def backward_floor(c: Costs, t: int, r: Record | None = None) -> int:
+    """The least bytes `B t` holds in any schedule, stage t recorded under `r` (None: policy 0):
+    its input a_{t-1}, its record s_t, the gradients d_t and d_{t-1} and its backward
+    transients; for t = L also the loss making d_L beside a_L and s_L."""
+    r = r or c.row(0)
+    xs, xt = c.x[t - 1], c.x[t]
+    b_peak = xs + r.s[t] + xt + xs + r.tb[t]
+    return max(b_peak, xs + r.s[t] + 2 * xt) if t == c.L else b_peak
+
+
+def backward_floors(c: Costs) -> list[int]:
+    """Per stage t (index 0 unused), `backward_floor` under its leanest save policy, in bytes. No
+    schedule's peak is below the largest (NOTE [ the least peak's stage ] in planner/optimal.py)."""
+    return [0] + [min(backward_floor(c, t, c.row(p)) for p in c.pols(t)) for t in range(1, c.L + 1)]
 
 
 @dataclass

@@ -39,6 +39,7 @@ from memplan.planner._build import finish_plan, infeasible_plan, insert_drops
 from memplan.planner._optimal_dp import (
     MAX_POLICY_RUNS,
     PolicyRuns,
+    backward_floors,
     costs_of,
     expand_ops,
     expand_policies,
@@ -500,23 +501,6 @@ def _recomputed(ops, n_stages: int) -> int:
     """The forwards a schedule runs beyond one per stage (F and R ops): its recomputed forwards,
     the count every optimal plan's message states."""
     return sum(1 for op in ops if op[0] in ("F", "R")) - n_stages
-
-
-def backward_floors(c) -> list[int]:
-    """Per stage t (index 0 unused), the least bytes its backward `B t` holds in any schedule:
-    its input a_{t-1}, its record s_t, the gradients d_t and d_{t-1} and its backward transients
-    (and, for the last stage, the loss making d_L beside a_L and s_L), under its least save
-    policy. No schedule's peak is below the largest of them (NOTE [ the least peak's stage ])."""
-    out = [0]
-    for t in range(1, c.L + 1):
-        xs, xt = c.x[t - 1], c.x[t]
-        need = []
-        for p in c.pols(t):
-            r = c.row(p)
-            b = xs + r.s[t] + xt + xs + r.tb[t]
-            need.append(max(b, xs + r.s[t] + 2 * xt) if t == c.L else b)
-        out.append(min(need))
-    return out
 
 
 # NOTE [ the least peak's stage ]
