@@ -744,6 +744,14 @@ _POOL_POINTS_PER_SUB = 1024  # reserved points per sub-problem (windowed 200-sta
 _POOL_MAX_POINTS = 1 << 27  # 1 GiB of address space per array at most
 
 
+_POOL_DTYPES = (np.int64, np.float64, np.int64)  # peaks (bytes), times (seconds), choices
+
+
+def _plain_pool(points: int):
+    """The pool's three arrays as plain numpy arrays of `points` each."""
+    return tuple(np.empty(points, dtype) for dtype in _POOL_DTYPES)
+
+
 def _pool(n_sub: int):
     """The frontier pool's three arrays (peaks int64 bytes, times float64 seconds, choices int64),
     room for `_POOL_POINTS_PER_SUB` points per sub-problem (`n_sub` of them), committed only where
@@ -751,14 +759,13 @@ def _pool(n_sub: int):
     points = int(min(_POOL_MAX_POINTS, max(1 << 16, n_sub * _POOL_POINTS_PER_SUB)))
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
     if not flags:  # pragma: no cover - Windows: no anonymous private mappings in mmap
-        return np.empty(points, np.int64), np.empty(points, np.float64), np.empty(points, np.int64)
+        return _plain_pool(points)
     out = []
-    for dtype in (np.int64, np.float64, np.int64):
+    for dtype in _POOL_DTYPES:
         try:
             buf = mmap.mmap(-1, points * 8, flags=flags | getattr(mmap, "MAP_NORESERVE", 0))
         except (OSError, ValueError):  # pragma: no cover - address space refused: grow instead
-            return (np.empty(1 << 16, np.int64), np.empty(1 << 16, np.float64),
-                    np.empty(1 << 16, np.int64))
+            return _plain_pool(1 << 16)
         if hasattr(mmap, "MADV_HUGEPAGE"):
             try:
                 buf.madvise(mmap.MADV_HUGEPAGE)
