@@ -156,19 +156,22 @@ def _state_bytes(tensors) -> int:
 
 
 # NOTE [ A rank leaves nothing running ]
-# Once a rank has called destroy_process_group, no thread or socket of torch.distributed may be
-# left in it: their teardown would fall to interpreter exit, unordered with the other rank's exit
-# and with C++ static destructors (the likely place where a full-suite run on 2 busy cores once
-# lost rank 0 to SIGABRT, "terminate called without an active exception"; not reproduced in 270
-# loaded runs here). Two things kept them alive:
-# - the rendezvous. With tcp://, rank 0 hosts the TCPStore server (a libuv thread) the other rank
-#   is connected to. A FileStore in the run's temporary directory has no server, no thread and no
-#   port (picking a free port, closing it and binding it later could also race other processes).
-# - torch.distributed.optim. Importing it evaluates `group=dist.group.WORLD` defaults
-#   (torch.distributed.nn.functional, zero_redundancy_optimizer._broadcast_object). Imported after
-#   init_process_group, they pin the live default group, with its gloo threads and its store,
-#   past destroy_process_group (rank 0 still ran pt_tcpstore_uv, gloo_tcp_loop and two
-#   pt_gloo_runloop threads after it). Imported before, the defaults are None and destroy frees it.
+# A thread of torch.distributed still running when a rank's interpreter finalizes is torn down
+# there, unordered with C++ static destructors; taking the GIL then ends the thread inside C++ and
+# the rank dies of SIGABRT ("terminate called without an active exception"), after its results
+# were written. Three rules keep rank processes clear of that:
+# 1. The rendezvous is a FileStore in the run's temporary directory: no server, thread or port.
+#    With tcp://, rank 0 hosts a TCPStore server (a libuv thread) the other ranks are connected
+#    to, and picking a free port to bind later races other processes.
+# 2. torch.distributed.optim and torch.distributed.nn are imported before init_process_group.
+#    Their `group=dist.group.WORLD` defaults (torch.distributed.nn.functional,
+#    zero_redundancy_optimizer._broadcast_object; DDP imports torch.distributed.nn), evaluated
+#    after it, pin the default group with its gloo threads past destroy_process_group.
+# 3. `run_ranks` ends a rank whose function returned with os._exit(0), after flushing its output,
+#    so no rank reaches finalization at all. Not every holder can be released: after fully_shard
+#    or any DTensor op, DTensor's sharding-propagation caches keep DTensorSpecs, their DeviceMesh,
+#    its `_pg_registry` and so the group and its gloo threads (checked: gloo_tcp_loop and
+#    pt_gloo_runloop still run after destroy_process_group and a collection).
 def _rank_main(rank: int, spec_d: dict, plan_d: dict, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
@@ -262,6 +265,21 @@ def _rel(pairs) -> float:
     return worst
 
 
+def _leave_after(rank: int, fn, *args) -> None:
+    """Run `fn(rank, *args)` in a spawned rank; when it returns, end the process at once with exit
+    status 0 (NOTE [ A rank leaves nothing running ]). An exception propagates as usual, and
+    torch's spawn wrapper reports it."""
+    import logging
+    import os
+    import sys
+
+    fn(rank, *args)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def run_ranks(fn, args: tuple, *, nprocs: int, timeout_s: float) -> None:
     """Run `fn(rank, *args)` in `nprocs` spawned processes and wait for all of them, at most
     `timeout_s` seconds; whatever is still alive at the end is terminated. Returns None (the ranks
@@ -271,7 +289,8 @@ def run_ranks(fn, args: tuple, *, nprocs: int, timeout_s: float) -> None:
 
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    ctx = mp.start_processes(_leave_after, args=(fn, *args), nprocs=nprocs, join=False,
+                             start_method="spawn")
     try:
         deadline = time.monotonic() + timeout_s
         while not ctx.join(timeout=1.0):

@@ -94,6 +94,7 @@ def _fsdp_rank(rank: int, world: int, tmp: str) -> None:
         out["forward_peaks"] = fwd
         with open(f"{tmp}/rank{rank}.json", "w") as f:
             json.dump(out, f)
+        dist.barrier()  # leave together: no rank destroys the group while another still uses it
     finally:
         dist.destroy_process_group()
 
@@ -109,9 +110,9 @@ def test_fully_shard_two_gloo_processes(tmp_path):
     unsharded parameters and gradients are step-time allocations the chain model counts as fixed
     and whole, recomputes all-gather again inside the backward, and some of FSDP's buffers are
     freed in the next step), only required to stay below the unplanned sharded model's."""
-    import torch.multiprocessing as mp
+    from memplan.executor.distributed import run_ranks
 
-    mp.spawn(_fsdp_rank, args=(2, str(tmp_path)), nprocs=2)
+    run_ranks(_fsdp_rank, (2, str(tmp_path)), nprocs=2, timeout_s=600)
     for rank in range(2):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert out["recomputed"]

@@ -126,6 +126,7 @@ def _ddp_rank(rank: int, world: int, tmp: str) -> None:
     import json
 
     import torch.distributed as dist
+    import torch.distributed.nn  # noqa: F401  before init: NOTE [ A rank leaves nothing running ]
     from memplan.executor.apply import profile_model
 
     torch.set_num_threads(1)
@@ -138,22 +139,26 @@ def _ddp_rank(rank: int, world: int, tmp: str) -> None:
         prof = profile_model(model, b, repeats=1, warmup=0)
         p = auto_checkpoint(model, b, profile=prof,
                             budget=int(0.4 * plan(prof, strategy="store-all").predicted.peak_bytes))
-        curves = []
-        for m in (model, ref):
-            ddp = torch.nn.parallel.DistributedDataParallel(m)
-            opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-            curve = []
-            for step in range(3):
-                opt.zero_grad()
-                loss = ddp(**lm_batch(2, 16, seed=10 * step + rank)).loss
-                loss.backward()
-                opt.step()
-                curve.append(loss.item())
-            curves.append(curve)
+        curves = [_ddp_curve(m, rank) for m in (model, ref)]
         with open(f"{tmp}/rank{rank}.json", "w") as f:
             json.dump({"curves": curves, "recomputed": p.recomputed}, f)
+        dist.barrier()  # leave together: no rank destroys the group while another still uses it
     finally:
         dist.destroy_process_group()
+
+
+def _ddp_curve(m: torch.nn.Module, rank: int) -> list[float]:
+    """Three SGD steps of `m` wrapped in DDP on this rank's batches: the losses."""
+    ddp = torch.nn.parallel.DistributedDataParallel(m)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    curve = []
+    for step in range(3):
+        opt.zero_grad()
+        loss = ddp(**lm_batch(2, 16, seed=10 * step + rank)).loss
+        loss.backward()
+        opt.step()
+        curve.append(loss.item())
+    return curve
 
 
 @pytest.mark.slow
@@ -162,9 +167,9 @@ def test_ddp_two_gloo_processes(tmp_path):
     the unmodified model's (gradients all-reduced across ranks)."""
     import json
 
-    import torch.multiprocessing as mp
+    from memplan.executor.distributed import run_ranks
 
-    mp.spawn(_ddp_rank, args=(2, str(tmp_path)), nprocs=2)
+    run_ranks(_ddp_rank, (2, str(tmp_path)), nprocs=2, timeout_s=600)
     for rank in range(2):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert out["recomputed"]

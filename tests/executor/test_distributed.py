@@ -4,7 +4,7 @@ model-state bytes and total against the prediction; gradients against one proces
 from __future__ import annotations
 
 import pytest
-from memplan.executor.distributed import DistributedSpec, run_distributed
+from memplan.executor.distributed import DistributedSpec, run_distributed, run_ranks
 from memplan.executor.report import ExecutorError
 
 from memplan import planner
@@ -41,3 +41,30 @@ def test_stages_not_run_here_are_refused(stage):
 def test_bad_world_size():
     with pytest.raises(ExecutorError, match="world_size"):
         run_distributed(DistributedSpec(world_size=0))
+
+
+def _rank_with_atexit(rank: int, out: str) -> None:
+    """Writes a file now and registers an exit handler that would write a second one."""
+    import atexit
+    from pathlib import Path
+
+    Path(out, f"ran{rank}").write_text("ok")
+    atexit.register(Path(out, f"finalized{rank}").write_text, "finalized")
+
+
+def _rank_that_fails(rank: int, out: str) -> None:
+    if rank == 1:
+        raise ValueError("rank 1's bad input")
+
+
+def test_a_rank_that_returns_leaves_without_finalization(tmp_path):
+    """NOTE [ A rank leaves nothing running ]: what a rank wrote stays, and the process ends
+    before interpreter finalization, where threads torch.distributed left running would be torn
+    down (its exit handlers do not run)."""
+    run_ranks(_rank_with_atexit, (str(tmp_path),), nprocs=2, timeout_s=120)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ran0", "ran1"]
+
+
+def test_a_rank_that_raises_is_reported_in_one_line(tmp_path):
+    with pytest.raises(ExecutorError, match=r"^ranks: a rank failed: ValueError: rank 1's bad input$"):
+        run_ranks(_rank_that_fails, (str(tmp_path),), nprocs=2, timeout_s=120)
