@@ -30,7 +30,11 @@ Contenders, each on its own copy of the same model (same weights), all in the us
   compile's fusion and memplan's placement add up), with the min-cut policies besides (each block
   compiled under activation memory budgets 0.5, 0.2 and 0: NOTE [ min-cut policies of compiled
   stages ] in profiler/policies.py);
-- memplan*-front-K: optimal plans at a few budgets spread over each variant's frontier.
+- memplan*-front-K: optimal plans at a few budgets spread over each variant's frontier;
+- with `--lean-loss`, memplan's contenders (named `...+lean`) compute the loss with
+  `memplan.lean_loss` (NOTE [ the lean cross-entropy ] in executor/lean_loss.py), the peers with
+  Hugging Face's: the same loss to fp32 rounding, so their gradients differ from the unplanned
+  step's by rounding, not 0.
 
 Peaks: activation bytes (the step's peak above the level before it, the batch included) by exact
 CPU accounting, or on CUDA (`--device cuda`) the allocator's counters
@@ -414,13 +418,21 @@ def run_family(kind: str, args) -> dict:
             variants.append(("memplan-sel-c", "memplan optimal with save policies, compiled blocks",
                              {"policies": True, "compile": True}))
     variants = [v for v in variants if v[0] in args.variants]
+    if args.lean_loss:  # every memplan contender's model computes its loss with memplan.lean_loss
+        variants = [(f"{prefix}+lean", f"{how}, lean loss", {**kw, "lean": True})
+                    for prefix, how, kw in variants]
     mine: dict[str, dict] = {}
     profile_s: dict[str, float] = {}
     fronts: dict[str, list] = {}
     for prefix, how, kw in variants:
         torch._dynamo.reset()
         t0 = time.perf_counter()
-        probe = fresh()
+        lean = kw.pop("lean", False)
+
+        def fresh_mine(lean=lean) -> nn.Module:
+            return memplan.lean_loss(fresh()) if lean else fresh()
+
+        probe = fresh_mine()
         prof = profile_model(probe, batch, repeats=args.repeats, **kw)
         profile_s[prefix] = round(time.perf_counter() - t0, 2)
         del probe
@@ -430,7 +442,7 @@ def run_family(kind: str, args) -> dict:
         targets = [(f"{prefix}@{p}", peers[p]["peak_bytes"]) for p in peer_names]
         targets += [(f"{prefix}-front-{i}", pt.peak_bytes) for i, pt in enumerate(front.points)]
         for name, budget in targets:
-            m = fresh()
+            m = fresh_mine()
             try:
                 plan = memplan.auto_checkpoint(m, batch, budget=int(budget), profile=prof,
                                                compile=kw.get("compile", False))
@@ -500,6 +512,9 @@ def main(argv=None) -> int:
                     help="comma-separated memplan variants to run: memplan (whole blocks), "
                     "memplan-sel (save policies), memplan-sel-c (save policies on compiled blocks, "
                     "min-cut policies included)")
+    ap.add_argument("--lean-loss", action="store_true",
+                    help="memplan's contenders compute the loss with memplan.lean_loss (the "
+                    "peers keep Hugging Face's; docs/apply.md, 'A lean loss')")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the comparison uses 1)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),

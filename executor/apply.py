@@ -27,6 +27,15 @@ blocks' outputs (a stage's backward starts when the gradient of its output is co
   live) beside the batch, not in the prefix's s_1: charged to s_1, a schedule that forwards the
   prefix without a record was predicted a Llama's rotary tables (64 KiB) below its measured
   peak. The prefix's s_1 is what else its forward saves.
+- The head (the last stage, through the loss): its s_L is what it saved less what the stages
+  before it saved and the side values, not bounded by its phase's growth, which frees the
+  prefix's locals (GPT-2's token and position embeddings) when the inner model returns. The
+  model's output is dropped after the loss and before the backward, as the user's step
+  `model(**batch).loss.backward()` drops it: a loss that saves the logits themselves (memplan's
+  `lean_loss`) frees them within the head's backward, and an output held to the step's end would
+  be charged to every stage's backward. A loop that holds the output through its backward
+  (`out = model(**batch); out.loss.backward()`) peaks higher by the output's bytes the graph does
+  not save (docs/apply.md).
 - tf_i: the stage's forward peak above what it leaves; tb_i: its backward peak above its start,
   less the new input gradient, with its output's gradient d_i held until the stage's backward
   ends (the chain model's `B i` frees d_i at its end; the installation's `B i` of a no-grad stage
@@ -609,12 +618,14 @@ def _measure_chain(model: nn.Module, example_batch: Any, *, blocks, loss_fn, opt
                     out = _call(model, inputs)
                     loss = _loss_of(out, target, loss_fn)
                 meter.mark("loss")
+                del out  # as the user's step drops it (NOTE [ Measured in context ], the head)
+                meter.mark("backward")
                 owner[0] = None
                 root = loss.grad_fn
                 loss_b = _loss_bytes(loss)
                 _backward(loss)
                 tap.held = None
-                del out, loss
+                del loss
             if not tap.order_ok or tap.calls != n:
                 raise InstallError(
                     f"blocks: the forward called the {n} blocks {tap.calls} times or out of order; "
@@ -704,6 +715,7 @@ def _measure_chain(model: nn.Module, example_batch: Any, *, blocks, loss_fn, opt
     names, kinds = _stage_labels(n, has_prefix)
     side_st = _side_values(arg_st, in_st, fixed_st | batch_st) if has_prefix else {}
     side_b = sum(side_st.values())
+    earlier_st = {p: b for k, st in packs.items() if k <= n for p, b in st.items()}  # before the head
 
     def labels_of(i: int) -> tuple[str, str]:
         """Stage i's (1-based) forward and backward phase labels (spans start at their label)."""
@@ -727,9 +739,8 @@ def _measure_chain(model: nn.Module, example_batch: Any, *, blocks, loss_fn, opt
             saved = max(0, min(saved, end - s0 - out_b - side_b))
         elif i == L:
             out_b, in_b = 4, x_block[n - 1]  # the scalar; the rest of its storage is in x_0
-            excl = fixed_st | batch_st | out_st[n - 1]
+            excl = fixed_st | batch_st | side_st | out_st[n - 1] | earlier_st
             saved = sum(b for p, b in packs.get(n + 1, {}).items() if p not in excl)
-            saved = max(0, min(saved, end - s0))
         else:
             j = i - 1 - off
             out_b = x_block[j]
@@ -737,7 +748,7 @@ def _measure_chain(model: nn.Module, example_batch: Any, *, blocks, loss_fn, opt
             excl = fixed_st | batch_st | arg_st[j] | out_st[j]
             saved = sum(b for p, b in packs.get(j + 1, {}).items() if p not in excl)
             saved = max(0, min(saved, end - s0 - out_b))
-        b0, bpeak, _ = mem_phases.get(bl, (0, 0, 0))
+        b0, bpeak, _ = mem_phases.get("backward" if i == L else bl, (0, 0, 0))
         f_s = med.get("g" + fl, 0.0)
         layers.append(LayerProfile(
             name=names[i - 1], kind=kinds[i - 1],

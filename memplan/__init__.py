@@ -8,6 +8,7 @@
     >>> memplan.run_plan(stages, x, plan, prof)              # prove it: measured against predicted
     >>> memplan.size(compute_flops=5.76e23, law="epoch")       # compute-optimal sizing
     >>> memplan.auto_checkpoint(model, batch, budget="2GiB")  # profile, plan, install in place
+    >>> memplan.lean_loss(model)                              # a head that never holds the log-softmax
 
 The line's packages live under this one import root: `memplan.profiler`, `memplan.planner`,
 `memplan.executor`, `memplan.service`, `memplan.cli`. `import memplan` loads none of them (no torch):
@@ -35,6 +36,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "remove_checkpoint": ("memplan.executor.apply", "remove_checkpoint"),
     "measure_step": ("memplan.executor.apply", "measure_step"),
     "profile_model": ("memplan.executor.apply", "profile_model"),
+    "lean_loss": ("memplan.executor.lean_loss", "lean_loss"),
 }
 
 __all__ = ["__version__", *_LAZY]

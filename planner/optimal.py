@@ -508,9 +508,10 @@ def _recomputed(ops, n_stages: int) -> int:
 # stage's own backward is most of that least peak (at least FLOOR_SHARE of it), the message names
 # the stage: no placement of records and recomputes goes below what the stage holds while it runs
 # its backward, so the budget can only be met by changing the stage itself (a save policy; for a
-# language model's head, a fused or chunked cross-entropy, which never holds the full logits and
-# their gradient at once). A full-vocabulary GPT-2 head is such a stage: 3 x 206 MB of logits,
-# log-softmax and gradient at batch 4 x 256 tokens (docs/benchmarks.md, bench_peers at full size).
+# language model's head, a fused or chunked cross-entropy such as memplan.lean_loss, which never
+# holds the log-softmax and its gradient). A full-vocabulary GPT-2 head is such a stage: 3 x 206 MB
+# of log-softmax and gradients at batch 4 x 256 tokens (docs/benchmarks.md, bench_peers at full
+# size; docs/apply.md, "A lean loss").
 FLOOR_SHARE = 0.9
 
 
@@ -526,7 +527,7 @@ def _infeasible(profile: Profile, budget_bytes, least: int, options: dict) -> Pl
         msg += (f"; stage {t} ({profile.layers[t - 1].name!r}) alone holds {floors[t]} bytes in "
                 "its backward (its input, record, gradients and transients), which no placement "
                 "of recomputes lowers: lower it inside that stage (a save policy; for a loss "
-                "head, a fused or chunked cross-entropy)")
+                "head, a fused or chunked cross-entropy: memplan.lean_loss(model))")
     return plan.model_copy(update={"message": msg})
 
 
