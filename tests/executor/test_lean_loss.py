@@ -86,21 +86,26 @@ def _grads(model):
     return [p.grad for p in model.parameters()]
 
 
+def _profiled(lean: bool, seed: int):
+    """(a fresh GPT-2, with the lean loss when `lean`; its batch from `seed`; its profile)."""
+    torch.set_num_threads(1)
+    model = _gpt2()
+    if lean:
+        lean_loss(model)
+    b = _batch(seed)
+    return model, b, profile_model(model, b, repeats=1, warmup=0)
+
+
 def test_a_gpt2_step_holds_one_logits_less_and_its_profile_predicts_it():
     """On a GPT-2 (4 x 64 tokens, vocabulary 8,192: 8 MiB per N x V fp32 tensor) the plain step's
     peak falls by one N x V tensor less one chunk and a few small tensors (NOTE [ the lean
     cross-entropy ] rule 2), and with either loss the profile's store-all prediction is the
     measured peak within 128 bytes (NOTE [ Measured in context ], the head)."""
-    torch.set_num_threads(1)
     nv = 4 * 64 * VOCAB * 4
     rows = max(1, min(CHUNK_BYTES // (4 * VOCAB), -(-4 * 64 // 8)))
     peaks = {}
     for lean in (False, True):
-        model = _gpt2()
-        if lean:
-            lean_loss(model)
-        b = _batch(1)
-        prof = profile_model(model, b, repeats=1, warmup=0)
+        model, b, prof = _profiled(lean, 1)
         predicted = plan(prof, strategy="store-all").predicted.peak_bytes
         m = measure_step(model, b, time_steps=0)
         assert abs(m.measured_peak_bytes - predicted) <= 128, (lean, m.measured_peak_bytes, predicted)
@@ -113,15 +118,10 @@ def test_installed_plans_with_the_lean_loss_keep_gradients_and_predictions():
     """auto_checkpoint on the model with the lean loss: gradients bitwise equal to the same model
     unplanned, the installed step's peak as predicted (within 0.5%), and the least feasible peak
     below the Hugging Face loss's by at least one N x V tensor less a chunk."""
-    torch.set_num_threads(1)
     nv = 4 * 64 * VOCAB * 4
     least = {}
     for lean in (False, True):
-        model = _gpt2()
-        if lean:
-            lean_loss(model)
-        b = _batch(2)
-        prof = profile_model(model, b, repeats=1, warmup=0)
+        model, b, prof = _profiled(lean, 2)
         least[lean] = least_peak(costs_of(prof))
         if not lean:
             continue
