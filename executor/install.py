@@ -119,13 +119,14 @@ def hf_model_from_config(config: str | Path | dict) -> torch.nn.Module:
 def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 64,
                   budget: int | str | None = None, fraction: float | None = None,
                   strategy: str = "optimal", steps: int = 3, seed: int = 0,
-                  policies: bool = False, compile: bool = False,
+                  policies: bool = False, compile: bool = False, lean_loss: bool = False,
                   offload_bandwidth: float | None = None, host_memory_bytes: int | None = None) -> HFRun:
     """Build the model, `auto_checkpoint` it on a random batch (for `budget` bytes, or `fraction` of
     its store-all activation peak), run `steps` AdamW steps of a plain loop on fresh batches, and
     measure one more step against the prediction (`measure_step`). `policies`: profile the blocks'
     save policies so the plan may record blocks under them; `compile`: compile each block
-    (`auto_checkpoint`'s options of the same names). `offload_bandwidth` (bytes/s) and
+    (`auto_checkpoint`'s options of the same names); `lean_loss`: the model computes its loss with
+    `memplan.lean_loss` (docs/apply.md, "A lean loss"). `offload_bandwidth` (bytes/s) and
     `host_memory_bytes`: the optimal plan may also move kept activations to host memory
     (`auto_checkpoint`'s options; the model runs on the CPU here, where a plan that moves any is
     refused with `InstallError`, and one that moves none runs).
@@ -142,6 +143,10 @@ def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 
         raise InstallError(f"steps: an integer >= 1, got {steps!r}")
     torch.manual_seed(seed)
     model = hf_model_from_config(config).train()
+    if lean_loss:
+        from memplan.executor.lean_loss import lean_loss as use_lean_loss
+
+        use_lean_loss(model)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(seed + 1)
 

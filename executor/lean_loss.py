@@ -16,7 +16,8 @@ At the head's backward peak that is three N x V fp32 tensors, whatever the logit
    incoming gradient over the divisor, written into one gradient of the logits' shape and dtype.
    At its peak: the logits, their gradient and one chunk's fp32 temporaries (a chunk: at most
    CHUNK_BYTES and 1/CHUNKS_AT_LEAST of the rows). So the head holds two N x V tensors in the
-   logits' dtype plus a chunk: fp32 logits save one N x V (a third), bf16 ones two thirds.
+   logits' dtype plus a chunk: with fp32 logits one N x V tensor of three less, with bf16 logits
+   more (no whole fp32 copy is ever made).
 3. The loss is the same function as Hugging Face's (the mean over targets that are not
    `ignore_index`, or their sum over `num_items_in_batch` when given; NaN when every target is
    ignored, as there); values and gradients agree to fp32 rounding (the summation order

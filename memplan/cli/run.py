@@ -50,6 +50,9 @@ def run_cmd(
     compile_blocks: Annotated[bool, typer.Option(
         "--compile", help="--hf-config: compile each block (torch.compile per block) and plan on "
         "the compiled costs")] = False,
+    lean: Annotated[bool, typer.Option(
+        "--lean-loss", help="--hf-config: compute the loss with memplan.lean_loss (the same loss "
+        "without the saved log-softmax: a lighter head)")] = False,
     server: ServerOption = None,
 ) -> None:
     """Profile, plan, run and compare a built-in model: predicted against measured.
@@ -78,16 +81,19 @@ def run_cmd(
         if ignored:
             raise ValueError(f"{ignored[0]}: not an option with --hf-config (the config sets the "
                              "model, which runs locally on the CPU; it uses --batch, --seq, --budget, "
-                             "--strategy, --steps, --policies, --compile and the offload options)")
+                             "--strategy, --steps, --policies, --compile, --lean-loss and the "
+                             "offload options)")
         for flag, v in (("--batch", batch), ("--seq", seq), ("--steps", steps)):
             if v < 1:
                 raise ValueError(f"{flag}: an integer >= 1, got {v}")
         _run_hf(hf_config, batch=batch, seq=seq, budget=budget, strategy=strategy, steps=steps,
-                json_out=json_out, policies=policies, compile_blocks=compile_blocks, offload=offload)
+                json_out=json_out, policies=policies, compile_blocks=compile_blocks, lean=lean,
+                offload=offload)
         return
-    if policies or compile_blocks:
-        raise ValueError(f"{'--policies' if policies else '--compile'}: only with --hf-config "
-                         "(the built-in models' plans run whole stages)")
+    if policies or compile_blocks or lean:
+        flag = "--policies" if policies else "--compile" if compile_blocks else "--lean-loss"
+        raise ValueError(f"{flag}: only with --hf-config (the built-in models' plans run whole "
+                         "stages with their own losses)")
 
     spec = RunSpec(model=model, n_layer=n_layer, n_embd=d_model, n_head=n_head, block_size=seq,
                    vocab_size=vocab, batch_size=batch, dropout=dropout,
@@ -173,7 +179,7 @@ def _run_options() -> Iterator[None]:
 
 def _run_hf(path: Path, *, batch: int, seq: int, budget: str | None, strategy: str, steps: int,
             json_out: bool, policies: bool = False, compile_blocks: bool = False,
-            offload: dict | None = None) -> None:
+            lean: bool = False, offload: dict | None = None) -> None:
     """`--hf-config`: executor/install.py's run_hf_config, printed; exit 1 when infeasible or
     when the measured peak is more than 2% from the prediction. `offload`: run_hf_config's
     offload_bandwidth (bytes/s) and host_memory_bytes, those given."""
@@ -185,7 +191,8 @@ def _run_hf(path: Path, *, batch: int, seq: int, budget: str | None, strategy: s
         with _planner_options():
             run = run_hf_config(path, batch_size=batch, seq=seq, strategy=strategy, steps=steps,
                                 budget=parse_bytes(budget, field="--budget") if budget else None,
-                                policies=policies, compile=compile_blocks, **(offload or {}))
+                                policies=policies, compile=compile_blocks, lean_loss=lean,
+                                **(offload or {}))
     except InfeasiblePlanError as err:
         typer.echo(f"infeasible: {err}", err=True)
         raise typer.Exit(1) from None

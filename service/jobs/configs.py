@@ -98,6 +98,8 @@ class HFRunConfig(BaseModel):
                                       + ", ".join(HF_RUN_MODEL_TYPES))
     seq: int = Field(default=64, ge=1, le=32768, description="tokens per sequence")
     batch_size: int = Field(default=4, ge=1, le=4096, description="sequences per step")
+    lean_loss: bool = Field(default=False, description="compute the loss with memplan.lean_loss (the "
+                            "same loss without the saved log-softmax: a lighter head; docs/apply.md)")
 
     @model_validator(mode="after")
     def _check(self) -> HFRunConfig:

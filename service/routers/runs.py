@@ -50,7 +50,8 @@ class RunRequest(BaseModel):
     config: dict[str, OptionValue | dict[str, JsonValue]] = Field(
         default_factory=dict, description="the model's settings of executor.pipeline.RunSpec (gpt: n_layer, n_embd, "
         "n_head, block_size, vocab_size, batch_size, dropout, repeats; conv: n_layer, batch_size, repeats); "
-        "hf: hf_config (a config.json object, model_type gpt2, llama, mistral or qwen2), seq, batch_size. "
+        "hf: hf_config (a config.json object, model_type gpt2, llama, mistral or qwen2), seq, batch_size, "
+        "lean_loss (docs/apply.md, \"A lean loss\"). "
         "Checked at submission against their bounds (docs/service.md) and the job's estimated memory "
         "and time against the server's limits: 422 naming the field"
     )

@@ -118,6 +118,14 @@ def test_memplan_run_hf_config(tmp_path):
     assert "stage_policies" in out
     res = runner.invoke(app, ["run", "--policies"])
     assert res.exit_code == 2 and "--hf-config" in res.output
+    # with the lean loss: the same model's store-all peak is lower, the plan still within 2%
+    res = runner.invoke(app, ["run", "--hf-config", str(cfg), "--batch", "2", "--seq", "16",
+                              "--budget", "300KB", "--steps", "1", "--lean-loss", "--json"])
+    assert res.exit_code == 0, res.output
+    lean = json.loads(res.stdout[res.stdout.index("{"):])
+    assert lean["store_all_peak_bytes"] < out["store_all_peak_bytes"] and abs(lean["peak_error_pct"]) <= 2.0
+    res = runner.invoke(app, ["run", "--lean-loss"])
+    assert res.exit_code == 2 and "--lean-loss: only with --hf-config" in res.output
 
 
 def _ddp_rank(rank: int, world: int, tmp: str) -> None:

@@ -47,6 +47,7 @@ def _refused(request: dict, settings: Settings | None = None) -> AdmissionError:
     ({"config": {"hf_config": GPT2, "seq": 0}}, "body.config.seq"),
     ({"config": {"hf_config": GPT2, "batch_size": 5000}}, "body.config.batch_size"),
     ({"config": {"hf_config": GPT2, "colour": "red"}}, "body.config.colour"),
+    ({"config": {"hf_config": GPT2, "lean_loss": "yes"}}, "body.config.lean_loss"),
     ({"config": {"seq": 16}}, "body.config.hf_config"),
     ({"config": {"hf_config": GPT2}, "features": ["moe"]}, "body.features"),
     ({"config": {"hf_config": GPT2}, "autocast_dtype": "bfloat16"}, "body.autocast_dtype"),
@@ -125,3 +126,24 @@ def test_a_tiny_gpt2_run_job_completes_with_its_measured_peak_at_the_prediction(
         bad = c.post("/v1/runs", json={**body, "config": {"hf_config": {**GPT2, "model_type": "bert"}}})
         assert bad.status_code == 422
         assert [e["field"] for e in bad.json()["errors"]] == ["body.config.hf_config.model_type"]
+
+
+class _Ctx:
+    """A job context that only takes progress reports."""
+
+    def progress(self, *args, **kwargs) -> None:
+        pass
+
+
+def test_a_run_job_with_the_lean_loss_passes_it_to_the_model():
+    """`config.lean_loss`: the job's model computes its loss with memplan.lean_loss, so the same
+    model's store-all peak is lower (by one N x V tensor less a chunk) and the plan still within 2%."""
+    from memplan.service.jobs.kinds import run_job
+
+    runs = {}
+    for lean in (False, True):
+        body = {"model": "hf", "config": {"hf_config": GPT2, "seq": 16, "batch_size": 2, "lean_loss": lean},
+                "budget_bytes": 360_000, "strategy": "optimal", "steps": 1}
+        runs[lean] = run_job(body, _Ctx())
+    assert runs[True]["store_all_peak_bytes"] < runs[False]["store_all_peak_bytes"]
+    assert abs(runs[True]["peak_error_pct"]) <= 2.0
