@@ -908,7 +908,8 @@ async function onHfRun(ev) {
     const body = withOffload({ model: "hf", strategy: $("#strategy").value, steps: Number($("#run-steps").value),
                    budget_bytes: budget ? parseBytes(budget) : null,
                    config: { hf_config: cfg, seq: Number($("#hf-run-seq").value),
-                             batch_size: Number($("#hf-run-batch").value) } });
+                             batch_size: Number($("#hf-run-batch").value),
+                             lean_loss: $("#hf-run-loss").value === "lean" } });
     const job = await api("/v1/runs", { method: "POST", body });
     await refreshJobs();
     watch(job.id);
