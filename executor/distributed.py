@@ -157,9 +157,9 @@ def _state_bytes(tensors) -> int:
 
 # NOTE [ A rank leaves nothing running ]
 # A thread of torch.distributed still running when a rank's interpreter finalizes is torn down
-# there, unordered with C++ static destructors; taking the GIL then ends the thread inside C++ and
-# the rank dies of SIGABRT ("terminate called without an active exception"), after its results
-# were written. Three rules keep rank processes clear of that:
+# there, unordered with C++ static destructors, and the rank may die of SIGABRT ("terminate called
+# without an active exception") after its results were written. Three rules keep rank processes
+# clear of that:
 # 1. The rendezvous is a FileStore in the run's temporary directory: no server, thread or port.
 #    With tcp://, rank 0 hosts a TCPStore server (a libuv thread) the other ranks are connected
 #    to, and picking a free port to bind later races other processes.
