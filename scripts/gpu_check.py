@@ -540,7 +540,7 @@ def section_peers(models: dict, dev: torch.device, res: _Results, *, dtype: str,
         args = argparse.Namespace(
             **shape, rounds=rounds, repeats=3, frontier_points=2, no_compile=dev.type != "cuda",
             no_policies=False, variants=["memplan", "memplan-sel", "memplan-sel-c"],
-            device=dev.type, dtype=dtype)
+            lean_loss=False, device=dev.type, dtype=dtype)
         try:
             t0 = time.perf_counter()
             rec = bench.run_family("gpt2", args)
