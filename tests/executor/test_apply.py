@@ -29,6 +29,7 @@ from memplan.executor.report import InfeasiblePlanError
 from memplan.planner import STRATEGIES, plan
 from torch import nn
 
+from tests.grads import grads, same
 from tests.hf_tiny import lm_batch, tiny_lm
 
 FRACTIONS = (0.3, 0.5, 0.7)
@@ -108,10 +109,6 @@ def profiled(request):
     return kind, model, prof
 
 
-def _grads(model):
-    return [None if p.grad is None else p.grad.clone() for p in model.parameters()]
-
-
 @pytest.mark.parametrize("fraction", FRACTIONS)
 def test_installed_plan_fits_is_predicted_and_changes_no_gradient(profiled, fraction):
     kind, model, prof = profiled
@@ -127,11 +124,11 @@ def test_installed_plan_fits_is_predicted_and_changes_no_gradient(profiled, frac
         for batch in batches:  # fresh batches of the profiled shape
             torch.manual_seed(7)
             m = measure_step(model, batch, loss_fn=loss_fn, time_steps=0)
-            got = _grads(model)
+            got = grads(model)
             torch.manual_seed(7)
             measure_step(ref, batch, loss_fn=loss_fn, time_steps=0)
-            want = _grads(ref)
-            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), kind
+            want = grads(ref)
+            assert same(got, want), kind
             assert m.measured_peak_bytes <= budget, m.message
             assert abs(m.peak_error_pct) <= 2.0, m.message
         # buffers (BatchNorm statistics) updated once per step, as in the unmodified model

@@ -31,6 +31,8 @@ from memplan.executor.apply import (
 from memplan.planner import plan as make_plan
 from torch import nn
 
+from tests.grads import grads
+
 
 class _Block(nn.Module):
     def __init__(self, d: int, mode: str) -> None:
@@ -124,10 +126,6 @@ def _planned(budget_frac: float = 0.5):
     return model, ref, prof, p
 
 
-def _grads(m: nn.Module) -> list:
-    return [None if p.grad is None else p.grad.clone() for p in m.parameters()]
-
-
 def _same_step(model: nn.Module, ref: nn.Module, seed: int) -> None:
     """One step of both on a fresh batch: bitwise equal gradients."""
     x, y = _batch(seed=seed)
@@ -136,7 +134,7 @@ def _same_step(model: nn.Module, ref: nn.Module, seed: int) -> None:
     model(x, y).backward()
     ref(x, y).backward()
     assert all((a is None and b is None) or torch.equal(a, b)
-               for a, b in zip(_grads(model), _grads(ref), strict=True))
+               for a, b in zip(grads(model), grads(ref), strict=True))
 
 
 def test_the_chain_without_the_path_plans_and_its_gradients_are_equal():

@@ -10,6 +10,7 @@ import torch
 from memplan.executor.apply import auto_checkpoint, measure_step, remove_checkpoint
 from memplan.planner import plan
 
+from tests.grads import grads, same
 from tests.hf_tiny import lm_batch, tiny_lm
 
 
@@ -28,10 +29,6 @@ def _setup(fraction: float = 0.3):
     return model, ref, batches
 
 
-def _grads(model):
-    return [p.grad.clone() for p in model.parameters()]
-
-
 def test_bf16_autocast_gradients_equal_the_unmodified_models():
     model, ref, batches = _setup()
     try:
@@ -40,8 +37,7 @@ def test_bf16_autocast_gradients_equal_the_unmodified_models():
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 loss = m(**batches[0]).loss
             loss.backward()
-        for a, b in zip(_grads(model), _grads(ref), strict=True):
-            assert torch.equal(a, b)  # the recomputes run under the first forward's autocast
+        assert same(grads(model), grads(ref))  # the recomputes run under the first forward's autocast
     finally:
         remove_checkpoint(model)
 
@@ -53,8 +49,7 @@ def test_gradient_accumulation_over_micro_batches():
             m.zero_grad()
             for batch in batches:  # four micro-batches, one optimizer step
                 (m(**batch).loss / len(batches)).backward()
-        for a, b in zip(_grads(model), _grads(ref), strict=True):
-            assert torch.equal(a, b)
+        assert same(grads(model), grads(ref))
         m = measure_step(model, batches[1], time_steps=0)
         assert abs(m.peak_error_pct) <= 2.0, m.message
     finally:
@@ -81,7 +76,7 @@ def test_torch_compile_of_the_installed_model():
         compiled(**batches[0]).loss.backward()
         ref.zero_grad()
         ref(**batches[0]).loss.backward()
-        for a, b in zip(_grads(model), _grads(ref), strict=True):
+        for a, b in zip(grads(model), grads(ref), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     finally:
         remove_checkpoint(model)
@@ -203,8 +198,7 @@ def test_a_model_that_keeps_a_kv_cache_by_default():
         for m in (model, ref):
             m.zero_grad()
             m(**batch).loss.backward()  # the plain call: use_cache not passed
-        for a, b in zip(_grads(model), _grads(ref), strict=True):
-            assert torch.equal(a, b)
+        assert same(grads(model), grads(ref))
         m = measure_step(model, batch, time_steps=0)
         assert abs(m.peak_error_pct) <= 2.0, m.message
     finally:

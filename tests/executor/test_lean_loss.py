@@ -14,6 +14,8 @@ from memplan.planner import plan
 from memplan.planner._optimal_dp import costs_of
 from memplan.planner.optimal import least_peak
 
+from tests.grads import grads, same
+
 transformers = pytest.importorskip("transformers")
 from transformers.loss.loss_utils import ForCausalLMLoss  # noqa: E402
 
@@ -82,10 +84,6 @@ def _batch(seed):
     return {"input_ids": ids, "labels": ids.clone()}
 
 
-def _grads(model):
-    return [p.grad for p in model.parameters()]
-
-
 def _profiled(lean: bool, seed: int):
     """(a fresh GPT-2, with the lean loss when `lean`; its batch from `seed`; its profile)."""
     torch.set_num_threads(1)
@@ -133,8 +131,7 @@ def test_installed_plans_with_the_lean_loss_keep_gradients_and_predictions():
             for m in (model, ref):
                 m.zero_grad()
                 m(**step).loss.backward()
-            for a, g in zip(_grads(model), _grads(ref), strict=True):
-                assert torch.equal(a, g)
+            assert same(grads(model), grads(ref))
             measured = measure_step(model, step, time_steps=0)
             assert abs(measured.peak_error_pct) <= 0.5, measured.message
         finally:
