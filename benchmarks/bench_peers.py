@@ -32,7 +32,7 @@ Contenders, each on its own copy of the same model (same weights), all in the us
   stages ] in profiler/policies.py);
 - memplan*-front-K: optimal plans at a few budgets spread over each variant's frontier;
 - with `--lean-loss`, memplan's contenders (named `...+lean`) compute the loss with
-  `memplan.lean_loss` (NOTE [ the lean cross-entropy ] in executor/lean_loss.py), the peers with
+  `memplan.lean_loss` (NOTE [ the lean cross-entropy ] in profiler/lean_cross_entropy.py), the peers with
   Hugging Face's: the same loss to fp32 rounding, so their gradients differ from the unplanned
   step's by rounding, not 0.
 

@@ -91,6 +91,8 @@ class CapacityRequest(BaseModel):
     peak_flops: float | None = Field(default=None, gt=0, description="peak FLOP/s; None: the preset's "
                                      "or 1e15")
     policies: bool = Field(default=True, description="also answer for each precision policy (table)")
+    lean_loss: bool = Field(default=False, description="the head computes memplan.lean_loss (logits and "
+                            "per-token log-sum-exps saved, no log-softmax; not with tp > 1)")
 
 
 class PolicyRow(BaseModel):
@@ -175,7 +177,7 @@ class _Asker:
         lay = self.layout(n if n is not None else self.mp, T)
         prof = rank_profile(self.shape, lay, p, B=B, T=T, precision=precision, attention=self.req.attention,
                             optimizer=self.req.optimizer, flops_per_s=self.flops_per_s,
-                            zero_stage=self.req.zero_stage)
+                            zero_stage=self.req.zero_stage, lean_loss=self.req.lean_loss)
         return _with_pending_tied_grad(prof, lay.pp)
 
     def plan(self, B: int, T: int, n: int, precision: str, strategy: str = "optimal", p: int = 0):
@@ -313,6 +315,9 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
                         "(the policies a training step is profiled under)")
     if req.attention not in ("sdpa", "eager", "flash"):
         raise PlanError(f"attention: choose sdpa or eager, not {req.attention!r}")
+    if req.lean_loss and req.tp > 1:
+        raise PlanError("lean_loss: the lean loss is not vocabulary-parallel; with tp > 1 the head's "
+                        "loss is Megatron's vocab-parallel cross-entropy (drop lean_loss)")
     peak = req.peak_flops or (preset.peak_bf16_flops if preset else 1e15)
     ask = _Asker(req, memory, peak * req.utilization)
     if ask.shape.n_layer > MAX_LAYERS:
@@ -420,7 +425,7 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
         assumptions={
             "device": preset.name if preset else None,
             "peak_flops": peak, "utilization": req.utilization, "attention": req.attention,
-            "optimizer": req.optimizer,
+            "optimizer": req.optimizer, "loss": "lean" if req.lean_loss else "hf",
             "activations": "analytic profile of the transformers layers (memplan.profiler.hf_config), "
                            "one tensor/context-parallel rank's, optimal checkpoint plan; transient "
                            "bytes estimated",

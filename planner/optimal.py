@@ -524,10 +524,12 @@ def _infeasible(profile: Profile, budget_bytes, least: int, options: dict) -> Pl
     floors = backward_floors(costs_of(profile))
     t = max(range(1, len(floors)), key=floors.__getitem__)
     if least > 0 and floors[t] >= FLOOR_SHARE * least:  # NOTE [ the least peak's stage ]
+        lean = (profile.meta or {}).get("loss") == "lean"  # the head computes the lean loss already
         msg += (f"; stage {t} ({profile.layers[t - 1].name!r}) alone holds {floors[t]} bytes in "
                 "its backward (its input, record, gradients and transients), which no placement "
-                "of recomputes lowers: lower it inside that stage (a save policy; for a loss "
-                "head, a fused or chunked cross-entropy: memplan.lean_loss(model))")
+                "of recomputes lowers: lower it inside that stage (a save policy"
+                + ("" if lean else "; for a loss head, a fused or chunked cross-entropy: "
+                   "memplan.lean_loss(model)") + ")")
     return plan.model_copy(update={"message": msg})
 
 

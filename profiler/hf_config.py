@@ -30,7 +30,8 @@ from memplan.profiler.schema import ProfileError, check_flops_per_s, check_optim
 log = logging.getLogger(__name__)
 
 __all__ = ["CONFIG_DTYPES", "MAX_LAYERS", "DecoderShape", "ParamCounts", "decoder_shape", "param_counts", "n_params", "FAMILIES",
-           "hf_analytic_profile", "hf_model", "measure_hf_config", "check_split"]
+           "hf_analytic_profile", "hf_model", "measure_hf_config", "check_split", "CHUNK_BYTES",
+           "CHUNKS_AT_LEAST", "rows_per_chunk"]
 
 # model_type -> the family whose layer layout it has
 FAMILIES: dict[str, str] = {
@@ -361,10 +362,31 @@ def n_params(config: DecoderShape | str | Path | dict) -> int:
 #   head           the final norm as above (the output kept by lm_head; autocast: its 16-bit
 #                  copy and the head weight's c V C), log-softmax's fp32 output 4 N V, the shifted
 #                  labels 8 N and the loss's weight 4
-# Checked equal to profile_chain on the real transformers layers for Llama, Qwen2 and Mixtral
-# (tests/profiler/test_hf_config.py). Transient bytes are estimates (no allocation trace of these
-# layers yet): forward p NC plus the larger of the MLP's 2 c N F and eager's 4 B H T^2 scores;
-# backward twice the layer's largest intermediates.
+# Checked equal to profile_chain on the real transformers layers for Llama, Qwen2 and Mixtral, the
+# head with either loss (tests/profiler/test_hf_config.py). Transient bytes are estimates (no
+# allocation trace of these layers yet): forward p NC plus the larger of the MLP's 2 c N F and
+# eager's 4 B H T^2 scores; backward twice the layer's largest intermediates.
+#
+# The lean head (`lean_loss=True`: memplan.lean_loss, NOTE [ the lean cross-entropy ] in
+# profiler/lean_cross_entropy.py) saves, in place of the log-softmax and the shifted labels: the
+# logits themselves c N V (the head made them: fp32, or autocast's and bf16's 16-bit), the targets
+# with ignored ones zeroed 8 N, their mask N (bools), the log-sum-exps 4 N and the divisor 4.
+# Transients of the head (estimates, the largest tensors; within 0.5% of the measured for fp32 and
+# 16-bit logits at N V = 2 M, tiny Llama, CPU): Hugging Face's loss, forward the logits c N V and
+# (16-bit) their fp32 copy 4 N V, backward the log-softmax's gradient and the logits' (fp32) 8 N V;
+# the lean loss, forward one chunk's fp32 temporaries (rows_per_chunk rows x V x 4; two with 16-bit
+# logits: the upcast chunk beside its exponentials), backward the logits' gradient c N V beside
+# the same chunks.
+
+CHUNK_BYTES = 8 << 20  # the lean loss's chunk: fp32 bytes of its temporaries (rows x V x 4), at most
+CHUNKS_AT_LEAST = 8  # chunks at least: a chunk is at most 1/8 of the rows, small beside N x V
+
+
+def rows_per_chunk(n: int, vocab: int) -> int:
+    """Rows of one chunk of the lean loss over n rows of `vocab` logits: at most CHUNK_BYTES of
+    fp32 and 1/CHUNKS_AT_LEAST of the rows."""
+    return max(1, min(CHUNK_BYTES // (4 * max(1, vocab)), -(-n // CHUNKS_AT_LEAST)))
+
 
 # NOTE [ Tensor, sequence and context parallel bytes per rank ]
 # One rank of a Megatron-style split (Shoeybi et al. 2019; Korthikanti et al. 2022, "Reducing
@@ -519,6 +541,7 @@ def hf_analytic_profile(
     tp: int = 1,
     sp: bool = False,
     cp: int = 1,
+    lean_loss: bool = False,
 ):
     """The profile of a Hugging Face decoder cut by `cut_decoder` (embedding, each decoder layer,
     final norm + head + loss) from its config alone, at `batch_size` sequences of `seq_len` tokens.
@@ -533,7 +556,9 @@ def hf_analytic_profile(
 
     With `tp` > 1, `sp` or `cp` > 1 the profile is one rank's of a tensor-, sequence- and
     context-parallel split (NOTE [ Tensor, sequence and context parallel bytes per rank ]): its
-    bytes, FLOPs and parameters are that rank's. Raises `ProfileError` naming the field on bad
+    bytes, FLOPs and parameters are that rank's. `lean_loss`: the head computes the loss with
+    memplan.lean_loss (the logits and per-token log-sum-exps saved, no log-softmax; not with
+    `tp` > 1, where the loss is vocabulary-parallel). Raises `ProfileError` naming the field on bad
     input (tp not dividing the heads or the MLP width, cp not dividing seq_len)."""
     from pydantic import ValidationError
 
@@ -541,7 +566,7 @@ def hf_analytic_profile(
         return _hf_analytic_profile(config, seq_len=seq_len, batch_size=batch_size,
                                     precision=precision, attention=attention, optimizer=optimizer,
                                     flops_per_s=flops_per_s, device=device, name=name, tp=tp, sp=sp,
-                                    cp=cp)
+                                    cp=cp, lean_loss=lean_loss)
     except ValidationError as err:  # a size beyond the profile's ceilings (NOTE [ ceilings ])
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -549,7 +574,8 @@ def hf_analytic_profile(
         try:
             _hf_analytic_profile(config, seq_len=cp * (tp if sp else 1), batch_size=1,
                                  precision=precision, attention=attention, optimizer=optimizer,
-                                 flops_per_s=flops_per_s, device=device, name=name, tp=tp, sp=sp, cp=cp)
+                                 flops_per_s=flops_per_s, device=device, name=name, tp=tp, sp=sp, cp=cp,
+                                 lean_loss=lean_loss)
             field, fix = "seq_len, batch_size", "a smaller batch or sequence"
         except (ValidationError, ProfileError):
             field, fix = "config", "a smaller model (hidden_size, intermediate_size, layers, vocabulary)"
@@ -605,7 +631,7 @@ def _rank_params(s: DecoderShape, counts: ParamCounts, tp: int) -> tuple[int, li
 
 
 def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, optimizer, flops_per_s,
-                         device, name, tp=1, sp=False, cp=1):
+                         device, name, tp=1, sp=False, cp=1, lean_loss=False):
     s = config if isinstance(config, DecoderShape) else decoder_shape(config)
     if s.family == "gpt2":
         raise ProfileError(f"config.model_type: the analytic profile covers Llama-style decoders and "
@@ -625,6 +651,11 @@ def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, o
     check_optimizer(optimizer)
     check_flops_per_s(flops_per_s)
     check_split(s, seq_len, tp=tp, sp=sp, cp=cp)
+    if not isinstance(lean_loss, bool):
+        raise ProfileError(f"lean_loss: expected true or false, got {lean_loss!r}")
+    if lean_loss and tp > 1:
+        raise ProfileError("lean_loss: the lean loss is not vocabulary-parallel; with tp > 1 the "
+                           "head's loss is Megatron's vocab-parallel cross-entropy (drop lean_loss)")
     from memplan.profiler.precision import policy_dtypes, precision_meta
     from memplan.profiler.schema import LayerProfile, Profile
 
@@ -661,9 +692,15 @@ def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, o
     Vl = -(-V // tp)  # the head's vocabulary shard (rounded up)
     head_saved = (4 * Ns * C if p == 2 else 0) + 4 * Ns + p * Ns * C
     head_saved += (c * N * C + c * Vl * C) if mixed else p * N * C
-    head_saved += 4 * N * Vl + 8 * N + 4
-    layers.append(stage("head", "head", 2 * N * C * Vl, 4, head_saved, 4 * N * Vl + c * N * Vl,
-                        4 * N * Vl + c * N * Vl, r_head))
+    logits, up = c * N * Vl, (4 * N * Vl if c != 4 else 0)  # the logits; their fp32 copy (16-bit)
+    if lean_loss:  # the logits, the zeroed targets, their mask, the log-sum-exps, the divisor
+        chunks = (1 if c == 4 else 2) * 4 * rows_per_chunk(N, Vl) * Vl
+        head_saved += logits + 8 * N + N + 4 * N + 4
+        head_tf, head_tb = chunks, logits + chunks
+    else:  # log-softmax's fp32 output, the shifted labels, the loss's weight
+        head_saved += 4 * N * Vl + 8 * N + 4
+        head_tf, head_tb = logits + up, 8 * N * Vl
+    layers.append(stage("head", "head", 2 * N * C * Vl, 4, head_saved, head_tf, head_tb, r_head))
     from memplan.planner.precision import with_optimizer
 
     pol = with_optimizer(precision, optimizer)
@@ -693,6 +730,7 @@ def _hf_analytic_profile(config, *, seq_len, batch_size, precision, attention, o
               **({"parallel": {"tp": tp, "sp": sp, "cp": cp, "per_rank": True}}
                  if tp > 1 or sp or cp > 1 else {}),
               "flops_per_s": flops_per_s, "optimizer": optimizer, "attention_backend": attention,
+              "loss": "lean" if lean_loss else "hf",
               "precision": precision_meta(precision, optimizer, param_dtype, compute_dtype),
               "autocast_dtype": compute_dtype if mixed else None, "fixed": fixed,
               "transients": "estimate (largest intermediates; no allocation trace of these layers)",
@@ -747,7 +785,7 @@ def measure_hf_config(
     config: str | Path | dict, *, seq_len: int, batch_size: int = 1, precision: str = "fp32",
     attention: str = "sdpa", device: str = "cpu", optimizer: str = "adamw", repeats: int = 3,
     warmup: int = 1, name: str | None = None, seed: int = 0, policies: bool | list[str] = False,
-    progress=None,
+    progress=None, lean_loss: bool = False,
 ):
     """The measured profile (`memplan.profiler.measure.profile_chain`) of the model `config`
     describes, built with random weights and cut by `cut_decoder`, on a random batch of
@@ -758,7 +796,8 @@ def measure_hf_config(
     arguments the embedding made), so each stage is wrapped: the embedding keeps the arguments it
     made, the later stages read them; what each stage outputs and saves is unchanged. `policies`
     measures save policies per stage as profile_chain does; `progress(done, total, what)` as
-    there, called after each stage is measured."""
+    there, called after each stage is measured. `lean_loss`: the model computes its loss with
+    memplan.lean_loss (profiler/lean_cross_entropy.py), as `memplan.lean_loss(model)` installs it."""
     import torch
     import torch.nn as nn
     from memplan.profiler.cut import cut_decoder
@@ -780,6 +819,10 @@ def measure_hf_config(
     if param_dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     model.to(device).train()
+    if lean_loss:
+        from memplan.profiler.lean_cross_entropy import lean_causal_lm_loss
+
+        model.loss_function = lean_causal_lm_loss
     stages = cut_decoder(model)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(seed + 1)
@@ -813,4 +856,5 @@ def measure_hf_config(
         policies=policies, progress=progress,
         name=name or f"{shape.model_type}-{shape.n_layer}x{shape.hidden_size}",
         meta={"config": {"family": "hf", **shape.as_dict(), "seq_len": seq_len, "batch_size": batch_size},
-              "attention_backend": attention, "hf_input": "input_ids only (labels held by the head)"})
+              "attention_backend": attention, "loss": "lean" if lean_loss else "hf",
+              "hf_input": "input_ids only (labels held by the head)"})

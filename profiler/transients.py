@@ -27,10 +27,12 @@ Kernel workspaces (C++ buffers the profiler also sees):
   16-bit), with q_s = 32 below T 192, 64 below 768, else 256 (never above T) and kv_s = min(512, T);
 - the LayerNorm backward's 2 C-element buffer for the weight and bias gradients, per thread.
 Both scale with `at::get_num_threads()` when the stage runs (`cpu_threads` here; the tests run
-one thread). On a CPU with AMX, the flash kernel packs 16-bit operands in further buffers this
-trace does not have (the build measured here has none): measure such a machine.
+one thread). On a CPU with AMX (`torch.cpu._is_amx_tile_supported()`), 16-bit stages take
+buffers this trace does not have (oneDNN's AMX matmuls, with flash and with math attention: 11 KiB
+more in a width-32 block's forward, 11 KiB in its backward, torch 2.13.0): there a bf16 stage's
+transients are a lower bound; fp32 stages stay exact.
 
-Exact on the CPU for the dense GPT (fp32 and bf16 parameters, flash and math attention, with
+Exact on the CPU for the dense GPT (fp32 parameters, and bf16 where the CPU has no AMX; flash and math attention, with
 biases), dropout 0, no autocast. Not covered (the callers keep their estimates and say so):
 mixture-of-experts feed-forwards, autocast, and GPUs, where cuBLAS and the flash kernels keep
 other workspaces and the caching allocator rounds every block to 512 bytes.

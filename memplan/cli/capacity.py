@@ -16,7 +16,8 @@ _OPTION = {"memory_bytes": "--memory", "seq_len": "--seq", "micro_batch": "--bat
            "optimizer": "--optimizer", "tp": "--tp", "sp": "--sp", "cp": "--cp", "pp": "--pp",
            "micro_batches": "--micro-batches", "virtual_stages": "--virtual-stages",
            "intra_node_bandwidth": "--intra-node-bandwidth",
-           "inter_node_bandwidth": "--inter-node-bandwidth", "gpus_per_node": "--gpus-per-node"}
+           "inter_node_bandwidth": "--inter-node-bandwidth", "gpus_per_node": "--gpus-per-node",
+           "lean_loss": "--lean-loss"}
 
 
 @app.command("capacity")
@@ -56,6 +57,8 @@ def capacity_cmd(
     attention: Annotated[str, typer.Option(help="sdpa (flash kernel) or eager")] = "sdpa",
     optimizer: Annotated[str, typer.Option(help="adamw, adam, sgd-momentum, sgd, none")] = "adamw",
     utilization: Annotated[float, typer.Option(help="fraction of peak FLOP/s (step time only)")] = 0.4,
+    lean: Annotated[bool, typer.Option("--lean-loss", help="the head computes memplan.lean_loss "
+                                       "(no saved log-softmax; docs/apply.md)")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
 ) -> None:
     """Does CONFIG train within --memory per GPU? Exit 0 when it fits, 1 when not, 2 bad input."""
@@ -73,7 +76,7 @@ def capacity_cmd(
                "n_gpus": gpus, "zero_stage": zero_stage, "attention": attention,
                "optimizer": optimizer, "utilization": utilization, "device": device, "tp": tp,
                "sp": sp, "cp": cp, "pp": pp, "micro_batches": micro_batches,
-               "virtual_stages": virtual_stages, "gpus_per_node": gpus_per_node}
+               "virtual_stages": virtual_stages, "gpus_per_node": gpus_per_node, "lean_loss": lean}
     for key, value, flag in (("intra_node_bandwidth", intra_node_bandwidth, "--intra-node-bandwidth"),
                              ("inter_node_bandwidth", inter_node_bandwidth, "--inter-node-bandwidth")):
         if value is not None:

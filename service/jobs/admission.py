@@ -29,9 +29,10 @@ cuda also the worker's probed device memory; the limit on time is the job's `tim
 given (at most `job_timeout_s`), else `job_timeout_s`.
 A run also measures its plan's timeline op by op (`memplan.executor.timeline`, a warm-up step and
 the measured one: two more passes). A Hugging Face run (`model: "hf"`) is priced from its
-config's shapes: Llama-style decoders by `memplan.profiler.hf_config.hf_analytic_profile`, GPT-2
-by the built-in GPT's analytic profile of the same shapes (the same layers: learned positions,
-LayerNorm, GELU MLP); one model (no reference copy), and the passes `run_hf_config` makes (3
+config's shapes: Llama-style decoders by `memplan.profiler.hf_config.hf_analytic_profile` (the
+lean head where `config.lean_loss` asks for it), GPT-2 by the built-in GPT's analytic profile of
+the same shapes (the same layers: learned positions, LayerNorm, GELU MLP; its head keeps the full
+log-softmax, an upper bound for a lean run); one model (no reference copy), and the passes `run_hf_config` makes (3
 profiling repeats and a warm-up, `steps` loop steps, a measured step and 2 timed ones).
 """
 
@@ -150,7 +151,8 @@ def _hf_profile(cfg: BaseModel, dev: str):
     try:
         shape = decoder_shape(cfg.hf_config)
         if shape.family != "gpt2":
-            return hf_analytic_profile(shape, seq_len=cfg.seq, batch_size=cfg.batch_size, device=dev)
+            return hf_analytic_profile(shape, seq_len=cfg.seq, batch_size=cfg.batch_size, device=dev,
+                                       lean_loss=bool(getattr(cfg, "lean_loss", False)))
         return analytic.gpt_analytic_profile(
             {"n_layer": shape.n_layer, "n_embd": shape.hidden_size, "n_head": shape.n_head,
              "block_size": cfg.seq, "vocab_size": shape.vocab_size, "batch_size": cfg.batch_size,

@@ -1,4 +1,4 @@
-"""The lean cross-entropy (NOTE [ the lean cross-entropy ] in executor/lean_loss.py): the same loss
+"""The lean cross-entropy (NOTE [ the lean cross-entropy ] in profiler/lean_cross_entropy.py): the same loss
 and gradients as Hugging Face's `ForCausalLMLoss`, two N x V tensors at the head's backward peak
 instead of three, and profiles, plans and installed plans that predict the step with it."""
 

@@ -82,6 +82,24 @@ def test_max_micro_batch_equals_a_scan_of_plans():
     assert fits == sorted(fits, reverse=True)  # monotone, as the search assumes
 
 
+def test_lean_loss_prices_the_lean_head_and_fits_more():
+    """With the lean loss the store-all activations fall by the head's difference (the fp32
+    log-softmax against the 16-bit logits, less its labels), the largest micro-batch that fits is
+    the last of a scan of plans of lean profiles, and a tensor-parallel head is refused."""
+    base = {"config": LLAMA7B, "memory_bytes": 80 * 10**9, "seq_len": 4096, "precision": "bf16-mixed",
+            "n_gpus": 8, "zero_stage": 3, "policies": False}
+    hf, lean = capacity(base), capacity({**base, "lean_loss": True})
+    N, V = 4096, 32000
+    assert hf.store_all_activation_bytes - lean.store_all_activation_bytes >= (4 - 2) * N * V
+    assert lean.assumptions["loss"] == "lean" and hf.assumptions["loss"] == "hf"
+    assert lean.max_micro_batch > hf.max_micro_batch
+    mb = lean.max_micro_batch
+    assert capacity({**base, "lean_loss": True, "micro_batch": mb}).fits
+    assert not capacity({**base, "lean_loss": True, "micro_batch": mb + 1}).fits
+    with pytest.raises(PlanError, match=r"^lean_loss: the lean loss is not vocabulary-parallel"):
+        capacity({**base, "lean_loss": True, "tp": 2})
+
+
 def test_policy_table_orders_policies_by_their_bytes():
     a = capacity({"config": LLAMA7B, "device": "h200", "seq_len": 4096})
     rows = {r.precision: r for r in a.policies}
@@ -141,8 +159,13 @@ def test_cli_exit_codes_and_json():
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
     assert got["fits"] and got["max_overhead"] == 0.3 and got["max_micro_batch"] >= 2
+    res = runner.invoke(app, ["capacity", path, "--memory", "80GB", "--seq", "4096", "--gpus", "8",
+                              "--zero-stage", "3", "--max-overhead", "30%", "--lean-loss", "--json"])
+    lean = json.loads(res.stdout)
+    assert lean["assumptions"]["loss"] == "lean" and lean["max_micro_batch"] > got["max_micro_batch"]
     for args, field in ((["--device", "tpu"], "--device"), (["--memory", "lots"], "--memory"),
                         (["--memory", "80GB", "--seq", "0"], "--seq"),
+                        (["--memory", "80GB", "--tp", "2", "--lean-loss"], "--lean-loss"),
                         (["--memory", "80GB", "--precision", "fp8"], "--precision")):
         res = runner.invoke(app, ["capacity", path, *args])
         assert res.exit_code == 2, (args, res.output)

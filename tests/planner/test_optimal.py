@@ -266,5 +266,9 @@ def test_infeasible_names_the_stage_whose_backward_sets_the_least_peak():
     assert not plan.feasible
     assert f"stage 4 ('s4') alone holds {floors[4]} bytes in its backward" in plan.message
     assert "fused or chunked cross-entropy" in plan.message
+    # a head that computes the lean loss already is not told to
+    lean = prof.model_copy(update={"meta": {**(prof.meta or {}), "loss": "lean"}})
+    msg = planner.plan(lean, budget_bytes=least - 1).message
+    assert "alone holds" in msg and "cross-entropy" not in msg
     # where no one stage is most of the least peak, nothing is named
     assert "alone holds" not in planner.plan(worked_example(), budget_bytes=16).message

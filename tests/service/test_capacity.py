@@ -21,6 +21,15 @@ def test_capacity_is_the_librarys_answer(client):
     assert got["fits"] and got["max_micro_batch"] >= 2 and got["n_params"] == 6_738_415_616
 
 
+def test_lean_loss_is_the_librarys_answer(client):
+    body = {"config": LLAMA7B, "memory_bytes": 80 * 10**9, "seq_len": 4096, "n_gpus": 8,
+            "zero_stage": 3, "policies": False, "lean_loss": True}
+    r = client.post("/v1/capacity", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json() == json.loads(capacity(body).model_dump_json())
+    assert r.json()["assumptions"]["loss"] == "lean"
+
+
 def test_parallel_layout_is_the_librarys_answer(client):
     body = {"config": LLAMA7B, "memory_bytes": 80 * 10**9, "seq_len": 4096, "n_gpus": 8,
             "tp": 2, "sp": True, "pp": 2, "micro_batches": 8, "zero_stage": 1,
@@ -49,6 +58,8 @@ def test_bad_input_is_a_422_naming_the_field(client):
         ({"config": LLAMA7B, "memory_bytes": 10**9, "n_gpus": 6, "tp": 4}, "n_gpus"),
         ({"config": LLAMA7B, "memory_bytes": 10**9, "tp": 3, "n_gpus": 3}, "tp"),
         ({"config": LLAMA7B, "memory_bytes": 10**9, "seq_len": 4095, "cp": 2, "n_gpus": 2}, "seq_len"),
+        ({"config": LLAMA7B, "memory_bytes": 10**9, "tp": 2, "n_gpus": 2, "lean_loss": True}, "lean_loss"),
+        ({"config": LLAMA7B, "memory_bytes": 10**9, "lean_loss": "yes"}, "lean_loss"),
     ):
         r = client.post("/v1/capacity", json=body)
         assert r.status_code == 422, (body, r.text)

@@ -92,6 +92,13 @@ def test_the_estimate_refuses_what_cannot_fit_and_names_what_to_shrink():
         est = admit("run", {"model": "hf", "config": {"hf_config": cfg, "seq": 16, "batch_size": 2}},
                     _settings(), job_path=RUN)
         assert est.device == "cpu" and 0 < est.activation_bytes < est.memory_bytes < 1 << 30
+    # a Llama run with the lean loss is priced with the lean head: one fp32 N x V tensor (of the
+    # three Hugging Face's loss holds in its backward) less, and one chunk (at most 8 MiB) more
+    cfg = {**LLAMA, "vocab_size": 32000}
+    est = {lean: admit("run", {"model": "hf", "config": {"hf_config": cfg, "seq": 64, "batch_size": 4,
+                                                        "lean_loss": lean}}, _settings(), job_path=RUN)
+           for lean in (False, True)}
+    assert est[False].memory_bytes - est[True].memory_bytes >= 4 * (4 * 64) * 32000 - (8 << 20)
 
 
 @pytest.fixture(scope="module")
