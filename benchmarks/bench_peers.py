@@ -28,8 +28,8 @@ Contenders, each on its own copy of the same model (same weights), all in the us
   docs/chain-model.md section 10.8), chosen per block with the checkpoints;
 - memplan-sel-c@PEER: the same on compiled blocks (`compile=True`: `torch.compile` per block, so
   compile's fusion and memplan's placement add up), with the min-cut policies besides (each block
-  compiled under activation memory budgets 0.5, 0.2 and 0: NOTE [ min-cut policies of compiled
-  stages ] in profiler/policies.py);
+  compiled under activation memory budgets 0.5, 0.2, 0.1, 0.05 and 0: NOTE [ min-cut policies of
+  compiled stages ] in profiler/policies.py);
 - memplan*-front-K: optimal plans at a few budgets spread over each variant's frontier;
 - with `--lean-loss`, memplan's contenders (named `...+lean`) compute the loss with
   `memplan.lean_loss` (NOTE [ the lean cross-entropy ] in profiler/lean_cross_entropy.py), the peers with

@@ -1,8 +1,9 @@
 """The lean cross-entropy: a causal language model's loss that never holds the full log-softmax
 or its gradient (`lean_causal_lm_loss`, the same arguments and value as Hugging Face's
 `ForCausalLMLoss`). The profiler measures it (`measure_hf_config(lean_loss=True)`) and derives
-its bytes (`hf_analytic_profile(lean_loss=True)`, `lean_head_bytes`); memplan.lean_loss(model)
-(executor/lean_loss.py) installs it into a user's model.
+its bytes (`hf_analytic_profile(lean_loss=True)`; the chunk rule, `rows_per_chunk`, lives in
+profiler/hf_config.py, which imports no torch); memplan.lean_loss(model) (executor/lean_loss.py)
+installs it into a user's model.
 
 NOTE [ the lean cross-entropy ]
 A language model's head can be most of a training step's peak, and no placement of block
