@@ -315,9 +315,6 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
                         "(the policies a training step is profiled under)")
     if req.attention not in ("sdpa", "eager", "flash"):
         raise PlanError(f"attention: choose sdpa or eager, not {req.attention!r}")
-    if req.lean_loss and req.tp > 1:
-        raise PlanError("lean_loss: the lean loss is not vocabulary-parallel; with tp > 1 the head's "
-                        "loss is Megatron's vocab-parallel cross-entropy (drop lean_loss)")
     peak = req.peak_flops or (preset.peak_bf16_flops if preset else 1e15)
     ask = _Asker(req, memory, peak * req.utilization)
     if ask.shape.n_layer > MAX_LAYERS:

@@ -11,6 +11,7 @@ from memplan.planner import plan
 from memplan.planner.capacity import DEVICES, capacity, device_preset
 from memplan.planner.schema import PlanError
 from memplan.profiler.hf_config import hf_analytic_profile
+from memplan.profiler.schema import ProfileError
 
 CONFIGS = Path(__file__).parents[1] / "profiler" / "hf_configs"
 LLAMA7B = json.loads((CONFIGS / "llama-2-7b.json").read_text())
@@ -96,7 +97,7 @@ def test_lean_loss_prices_the_lean_head_and_fits_more():
     mb = lean.max_micro_batch
     assert capacity({**base, "lean_loss": True, "micro_batch": mb}).fits
     assert not capacity({**base, "lean_loss": True, "micro_batch": mb + 1}).fits
-    with pytest.raises(PlanError, match=r"^lean_loss: the lean loss is not vocabulary-parallel"):
+    with pytest.raises(ProfileError, match=r"^lean_loss: the lean loss is not vocabulary-parallel"):
         capacity({**base, "lean_loss": True, "tp": 2})
 
 
@@ -165,7 +166,7 @@ def test_cli_exit_codes_and_json():
     assert lean["assumptions"]["loss"] == "lean" and lean["max_micro_batch"] > got["max_micro_batch"]
     for args, field in ((["--device", "tpu"], "--device"), (["--memory", "lots"], "--memory"),
                         (["--memory", "80GB", "--seq", "0"], "--seq"),
-                        (["--memory", "80GB", "--tp", "2", "--lean-loss"], "--lean-loss"),
+                        (["--memory", "80GB", "--tp", "2", "--gpus", "2", "--lean-loss"], "--lean-loss"),
                         (["--memory", "80GB", "--precision", "fp8"], "--precision")):
         res = runner.invoke(app, ["capacity", path, *args])
         assert res.exit_code == 2, (args, res.output)
