@@ -34,7 +34,8 @@ Contenders, each on its own copy of the same model (same weights), all in the us
 - with `--lean-loss`, memplan's contenders (named `...+lean`) compute the loss with
   `memplan.lean_loss` (NOTE [ the lean cross-entropy ] in profiler/lean_cross_entropy.py), the peers with
   Hugging Face's: the same loss to fp32 rounding, so their gradients differ from the unplanned
-  step's by rounding, not 0.
+  step's by rounding, not 0; with `--lean-loss reuse` the lean loss also writes the logits'
+  gradient over the logits (`lean_loss(model, reuse_logits=True)`: the step reads the loss only).
 
 Peaks: activation bytes (the step's peak above the level before it, the batch included) by exact
 CPU accounting, or on CUDA (`--device cuda`) the allocator's counters
@@ -419,8 +420,10 @@ def run_family(kind: str, args) -> dict:
                              {"policies": True, "compile": True}))
     variants = [v for v in variants if v[0] in args.variants]
     if args.lean_loss:  # every memplan contender's model computes its loss with memplan.lean_loss
-        variants = [(f"{prefix}+lean", f"{how}, lean loss", {**kw, "lean": True})
-                    for prefix, how, kw in variants]
+        reuse = args.lean_loss == "reuse"
+        variants = [(f"{prefix}+lean" + ("-reuse" if reuse else ""),
+                     f"{how}, lean loss" + (" reusing the logits" if reuse else ""),
+                     {**kw, "lean": "reuse" if reuse else True}) for prefix, how, kw in variants]
     mine: dict[str, dict] = {}
     profile_s: dict[str, float] = {}
     fronts: dict[str, list] = {}
@@ -430,7 +433,7 @@ def run_family(kind: str, args) -> dict:
         lean = kw.pop("lean", False)
 
         def fresh_mine(lean=lean) -> nn.Module:
-            return memplan.lean_loss(fresh()) if lean else fresh()
+            return memplan.lean_loss(fresh(), reuse_logits=lean == "reuse") if lean else fresh()
 
         probe = fresh_mine()
         prof = profile_model(probe, batch, repeats=args.repeats, **kw)
@@ -512,9 +515,10 @@ def main(argv=None) -> int:
                     help="comma-separated memplan variants to run: memplan (whole blocks), "
                     "memplan-sel (save policies), memplan-sel-c (save policies on compiled blocks, "
                     "min-cut policies included)")
-    ap.add_argument("--lean-loss", action="store_true",
+    ap.add_argument("--lean-loss", nargs="?", const="plain", default=None, choices=("plain", "reuse"),
                     help="memplan's contenders compute the loss with memplan.lean_loss (the "
-                    "peers keep Hugging Face's; docs/apply.md, 'A lean loss')")
+                    "peers keep Hugging Face's; docs/apply.md, 'A lean loss'); 'reuse': its "
+                    "backward writes the logits' gradient over the logits")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the comparison uses 1)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),

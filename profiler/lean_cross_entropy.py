@@ -26,6 +26,13 @@ At the head's backward peak that is three N x V fp32 tensors, whatever the logit
    `ignore_index`, or their sum over `num_items_in_batch` when given; NaN when every target is
    ignored, as there); values and gradients agree to fp32 rounding (the summation order
    differs), not bitwise.
+4. With `reuse_logits` the backward writes the logits' gradient over the logits: no layer needs
+   the logits after the loss's backward (the LM head's backward reads its input and weight), so
+   the head holds one N x V tensor at its peak, not two, as a compiler that reuses the buffer
+   does. The tensor is the model's own output: a `logits` kept from the forward and read after
+   the backward holds the gradient, so it is opt-in (`memplan.lean_loss(model,
+   reuse_logits=True)`), for loops that read the loss only (`model(**batch).loss.backward()`,
+   Hugging Face's `Trainer`).
 A full-vocabulary GPT-2 at 4 x 256 tokens holds 206 MB per N x V fp32 tensor (docs/apply.md,
 "A lean loss").
 """
@@ -38,18 +45,20 @@ import torch
 from memplan.profiler.hf_config import CHUNK_BYTES, CHUNKS_AT_LEAST, rows_per_chunk
 from torch import nn
 
-__all__ = ["CHUNK_BYTES", "CHUNKS_AT_LEAST", "LeanCrossEntropy", "lean_causal_lm_loss", "rows_per_chunk"]
+__all__ = ["CHUNK_BYTES", "CHUNKS_AT_LEAST", "LeanCrossEntropy", "lean_causal_lm_loss",
+           "lean_causal_lm_loss_reusing_logits", "rows_per_chunk"]
 
 
 class LeanCrossEntropy(torch.autograd.Function):
     """loss = sum over rows r with target t_r != ignore_index of (lse_r - logit[r, t_r]), divided
     by `divisor` (a positive number, or None: the count of such rows). logits: (N, V) any float
     dtype; targets: (N,) int64. Returns a 0-dim tensor, fp32 (fp64 for fp64 logits), in nats
-    per target (NOTE [ the lean cross-entropy ])."""
+    per target (NOTE [ the lean cross-entropy ]). `reuse_logits`: the backward writes the logits'
+    gradient over the logits themselves (rule 4 of the NOTE)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int,
-                divisor: Any) -> torch.Tensor:
+                divisor: Any, reuse_logits: bool = False) -> torch.Tensor:
         n, vocab = logits.shape
         acc = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 for fp64 logits
         valid = targets != ignore_index  # (N,)
@@ -67,13 +76,16 @@ class LeanCrossEntropy(torch.autograd.Function):
         denom = valid.sum().to(acc) if divisor is None else torch.as_tensor(
             divisor, dtype=acc, device=logits.device)
         ctx.save_for_backward(logits, safe, valid, lse, denom)
+        ctx.reuse_logits = bool(reuse_logits)
         return total / denom
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         logits, safe, valid, lse, denom = ctx.saved_tensors
         n, vocab = logits.shape
-        grad = torch.empty_like(logits)  # (N, V), the logits' dtype
+        # (N, V), the logits' dtype; over the logits themselves when reused: each chunk reads its
+        # own rows into `p` before they are written
+        grad = logits if ctx.reuse_logits else torch.empty_like(logits)
         scale = (grad_out.to(lse.dtype) / denom) * valid  # (N,)
         step = rows_per_chunk(n, vocab)
         with torch.autocast(logits.device.type, enabled=False):
@@ -84,15 +96,16 @@ class LeanCrossEntropy(torch.autograd.Function):
                 p.mul_(scale[a:a + step, None])
                 grad[a:a + step] = p
                 del p  # before the next chunk is made: one chunk at a time
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def lean_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
                         num_items_in_batch: Any = None, ignore_index: int = -100,
-                        shift_labels: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+                        shift_labels: torch.Tensor | None = None, reuse_logits: bool = False,
+                        **kwargs: Any) -> torch.Tensor:
     """Hugging Face's `ForCausalLMLoss` (same arguments, same value) by `LeanCrossEntropy`: labels
-    shifted so that tokens < n predict n, unless `shift_labels` is given. Returns the loss (a
-    0-dim fp32 tensor)."""
+    shifted so that tokens < n predict n, unless `shift_labels` is given; `reuse_logits` as
+    there. Returns the loss (a 0-dim fp32 tensor)."""
     if shift_labels is None:
         labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
         shift_labels = labels[..., 1:]
@@ -100,4 +113,11 @@ def lean_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: 
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(logits.device)
     return LeanCrossEntropy.apply(logits.reshape(-1, vocab_size), targets, ignore_index,
-                                  num_items_in_batch)
+                                  num_items_in_batch, reuse_logits)
+
+
+def lean_causal_lm_loss_reusing_logits(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """`lean_causal_lm_loss` whose backward writes the logits' gradient over the logits (rule 4 of
+    NOTE [ the lean cross-entropy ]): the model's returned `logits`, read after the backward,
+    hold that gradient. Returns the loss (a 0-dim fp32 tensor)."""
+    return lean_causal_lm_loss(*args, reuse_logits=True, **kwargs)

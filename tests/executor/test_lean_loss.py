@@ -84,12 +84,13 @@ def _batch(seed):
     return {"input_ids": ids, "labels": ids.clone()}
 
 
-def _profiled(lean: bool, seed: int):
-    """(a fresh GPT-2, with the lean loss when `lean`; its batch from `seed`; its profile)."""
+def _profiled(lean: bool | str, seed: int):
+    """(a fresh GPT-2, with the lean loss when `lean` (reusing the logits when "reuse"); its batch
+    from `seed`; its profile)."""
     torch.set_num_threads(1)
     model = _gpt2()
     if lean:
-        lean_loss(model)
+        lean_loss(model, reuse_logits=lean == "reuse")
     b = _batch(seed)
     return model, b, profile_model(model, b, repeats=1, warmup=0)
 
@@ -102,7 +103,7 @@ def test_a_gpt2_step_holds_one_logits_less_and_its_profile_predicts_it():
     nv = 4 * 64 * VOCAB * 4
     rows = max(1, min(CHUNK_BYTES // (4 * VOCAB), -(-4 * 64 // 8)))
     peaks = {}
-    for lean in (False, True):
+    for lean in (False, True, "reuse"):
         model, b, prof = _profiled(lean, 1)
         predicted = plan(prof, strategy="store-all").predicted.peak_bytes
         m = measure_step(model, b, time_steps=0)
@@ -110,6 +111,9 @@ def test_a_gpt2_step_holds_one_logits_less_and_its_profile_predicts_it():
         peaks[lean] = m.measured_peak_bytes
     saved = peaks[False] - peaks[True]
     assert nv - rows * VOCAB * 4 - 16_384 <= saved <= nv
+    # reusing the logits for their gradient: the head holds one N x V tensor less again (rule 4);
+    # the step's peak falls by that less what the next phase holds (here 1.06 MiB: a chunk more)
+    assert nv - 2 * rows * VOCAB * 4 <= peaks[True] - peaks["reuse"] <= nv
 
 
 def test_installed_plans_with_the_lean_loss_keep_gradients_and_predictions():
@@ -118,7 +122,7 @@ def test_installed_plans_with_the_lean_loss_keep_gradients_and_predictions():
     below the Hugging Face loss's by at least one N x V tensor less a chunk."""
     nv = 4 * 64 * VOCAB * 4
     least = {}
-    for lean in (False, True):
+    for lean in (False, True, "reuse"):
         model, b, prof = _profiled(lean, 2)
         least[lean] = least_peak(costs_of(prof))
         if not lean:
@@ -137,6 +141,29 @@ def test_installed_plans_with_the_lean_loss_keep_gradients_and_predictions():
         finally:
             remove_checkpoint(model)
     assert least[False] - least[True] >= nv - CHUNK_BYTES
+    chunk = max(1, min(CHUNK_BYTES // (4 * VOCAB), -(-4 * 64 // 8))) * VOCAB * 4
+    assert least[True] - least["reuse"] >= nv - 2 * chunk
+
+
+def test_reused_logits_give_the_same_loss_and_gradients_and_hold_the_gradient_after():
+    """reuse_logits (NOTE [ the lean cross-entropy ] rule 4): the same loss and parameter
+    gradients, bitwise, as the lean loss that allocates; the model's returned logits, read after
+    the backward, hold the logits' gradient (why it is opt-in)."""
+    torch.set_num_threads(1)
+    b = _batch(5)
+    runs = {}
+    for reuse in (False, True):
+        model = lean_loss(_gpt2(), reuse_logits=reuse)
+        out = model(**b)
+        logits = out.logits.detach().clone()
+        out.loss.backward()
+        runs[reuse] = (float(out.loss), grads(model), logits, out.logits.detach())
+    assert runs[False][0] == runs[True][0]
+    assert same(runs[False][1], runs[True][1])
+    assert torch.equal(runs[False][3], runs[False][2])  # allocating: the logits untouched
+    assert not torch.equal(runs[True][3], runs[True][2])  # reused: overwritten by the gradient
+    with pytest.raises(TypeError, match=r"^reuse_logits: expected True or False"):
+        lean_loss(_gpt2(), reuse_logits="yes")
 
 
 def test_removed_it_gives_back_hugging_faces_loss():
@@ -147,6 +174,9 @@ def test_removed_it_gives_back_hugging_faces_loss():
     assert model.loss_function is lean_causal_lm_loss
     lean_loss(model, on=False)
     assert model.loss_function is not lean_causal_lm_loss
+    assert float(model(**b).loss) == before
+    lean_loss(model, reuse_logits=True)
+    lean_loss(model, on=False)
     assert float(model(**b).loss) == before
 
 
