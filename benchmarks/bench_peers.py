@@ -32,10 +32,11 @@ Contenders, each on its own copy of the same model (same weights), all in the us
   compiled stages ] in profiler/policies.py);
 - memplan*-front-K: optimal plans at a few budgets spread over each variant's frontier;
 - with `--lean-loss`, memplan's contenders (named `...+lean`) compute the loss with
-  `memplan.lean_loss` (NOTE [ the lean cross-entropy ] in profiler/lean_cross_entropy.py), the peers with
-  Hugging Face's: the same loss to fp32 rounding, so their gradients differ from the unplanned
-  step's by rounding, not 0; with `--lean-loss reuse` the lean loss also writes the logits'
-  gradient over the logits (`lean_loss(model, reuse_logits=True)`: the step reads the loss only).
+  `memplan.lean_loss` (NOTE [ the lean cross-entropy ] in profiler/lean_cross_entropy.py), the
+  peers with Hugging Face's: the same loss to fp32 rounding, so their gradients differ from the
+  unplanned step's by rounding, not 0; with `--lean-loss reuse` the lean loss also writes the
+  logits' gradient over the logits (`lean_loss(model, reuse_logits=True)`: the step reads the
+  loss only).
 
 Peaks: activation bytes (the step's peak above the level before it, the batch included) by exact
 CPU accounting, or on CUDA (`--device cuda`) the allocator's counters

@@ -32,8 +32,8 @@ buffers this trace does not have (oneDNN's AMX matmuls, with flash and with math
 more in a width-32 block's forward, 11 KiB in its backward, torch 2.13.0): there a bf16 stage's
 transients are a lower bound; fp32 stages stay exact.
 
-Exact on the CPU for the dense GPT (fp32 parameters, and bf16 where the CPU has no AMX; flash and math attention, with
-biases), dropout 0, no autocast. Not covered (the callers keep their estimates and say so):
+Exact on the CPU for the dense GPT (fp32 parameters, and bf16 where the CPU has no AMX; flash and
+math attention, with biases), dropout 0, no autocast. Not covered (the callers keep their estimates and say so):
 mixture-of-experts feed-forwards, autocast, and GPUs, where cuBLAS and the flash kernels keep
 other workspaces and the caching allocator rounds every block to 512 bytes.
 """

@@ -32,8 +32,9 @@ the measured one: two more passes). A Hugging Face run (`model: "hf"`) is priced
 config's shapes: Llama-style decoders by `memplan.profiler.hf_config.hf_analytic_profile` (the
 lean head where `config.lean_loss` asks for it), GPT-2 by the built-in GPT's analytic profile of
 the same shapes (the same layers: learned positions, LayerNorm, GELU MLP; its head keeps the full
-log-softmax, an upper bound for a lean run); one model (no reference copy), and the passes `run_hf_config` makes (3
-profiling repeats and a warm-up, `steps` loop steps, a measured step and 2 timed ones).
+log-softmax, an upper bound for a lean run); one model (no reference copy), and the passes
+`run_hf_config` makes (3 profiling repeats and a warm-up, `steps` loop steps, a measured step and 2
+timed ones).
 """
 
 from __future__ import annotations
