@@ -97,6 +97,7 @@ def test_the_bytes_moved_are_the_activation_and_the_record():
     assert r.offload.moved_bytes == prof.layers[0].output_bytes + prof.layers[1].saved_bytes
 
 
+@measured_again()  # NOTE [ byte tests in the full suite ] in tests/retry.py
 def test_an_input_offloaded_with_its_reader_is_freed_after_the_window():
     # R 2 saves a_1 while a_1 moves: the record saves the moving copy, so from R 3 on the device
     # holds a_1 no more (bytes as the plan without transfers, less x_1, plus its host copy x_1)
