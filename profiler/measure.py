@@ -425,10 +425,8 @@ def _measure_stage_memory(stage, x_prev, first, dev, ctx, fixed_tensors) -> dict
 #    cannot be used; for 'all' the two agree wherever `retained_other_bytes` is 0);
 #    forward_temp_bytes = forward peak minus what it leaves; backward_temp_bytes = backward peak
 #    above its start minus d_{i-1} and d_i, the recomputation inside it included. One unmeasured
-#    forward and backward under the policy runs first; then three measured ones, and the numbers
-#    two of them agree on are taken: on the tiny test models a measurement has, rarely, counted
-#    one activation-sized block more or less (NOTE [ a one-off block ] in tests/conftest.py),
-#    which one run would have put into the profile.
+#    forward and backward under the policy runs first (the first selective checkpoint of a stage
+#    allocates once what later ones reuse), then the measured one.
 # 3. Times: with chain timing, passes over the whole chain, one per policy name with every stage
 #    that has a candidate of that name run under it, and one with none ('all'); else each stage
 #    alone, as the base times were taken. The passes are interleaved round by round (every
@@ -543,9 +541,8 @@ def _time_policies(stages, inputs, layers, measured, candidates, names, dev, ctx
 
 def _measure_policy_memory(stage, x_prev, first, dev, ctx, recompute) -> dict[str, int]:
     """Bytes of stage's recorded forward and backward under the policy `recompute` (NOTE
-    [ measuring save policies ] rule 2): saved_bytes, forward_temp_bytes, backward_temp_bytes.
-    Three measured runs after an unmeasured one; the numbers two of them agree on (else each
-    field's median)."""
+    [ measuring save policies ] rule 2): saved_bytes, forward_temp_bytes, backward_temp_bytes,
+    measured on the run after an unmeasured one."""
     # one unmeasured run first: the first selective checkpoint of a stage allocates once what
     # later ones reuse (measured: 9,344 bytes more in the first backward of a GPT-2 layer)
     x = stage_input(x_prev, first)
@@ -553,12 +550,7 @@ def _measure_policy_memory(stage, x_prev, first, dev, ctx, recompute) -> dict[st
         out = recorded(stage, x, recompute=recompute)
     Seed.apply(out).backward()
     del out, x
-    runs = [_policy_memory_once(stage, x_prev, first, dev, ctx, recompute) for _ in range(3)]
-    keys = [tuple(r.values()) for r in runs]
-    for k, key in enumerate(keys):
-        if keys.count(key) >= 2:
-            return runs[k]
-    return {field: sorted(r[field] for r in runs)[1] for field in runs[0]}
+    return _policy_memory_once(stage, x_prev, first, dev, ctx, recompute)
 
 
 def _policy_memory_once(stage, x_prev, first, dev, ctx, recompute) -> dict[str, int]:

@@ -9,22 +9,28 @@ On CUDA the caching allocator's own counters (`max_memory_allocated` after a res
 two numbers. The profiler's native start/stop lines go to stderr; they are silenced here because
 they are noise in a CLI.
 
-The profiler knows the size of a block only if it saw the allocation: freeing a tensor allocated
-before the block is not recorded at all (PyTorch warns "Memory block of unknown size was allocated
-before the profiling started"). So measure a forward and its backward in one block, and split it
-with `meter.mark(label)`: on the CPU a mark allocates and frees a sentinel of a size no tensor
-has, which shows where the phase starts in the event stream (and is left out of the counts); on
-CUDA it reads and resets the allocator's counters. `meter.phases[label]` then gives the level at
-the phase's start, its peak and its end, all relative to the block's start.
+The rules, on the CPU:
 
-For the same reason a module that keeps tensors across forwards as plain attributes (torchao's
-fake quantizers keep their last scale and zero point) looks, on the CPU, as if it grew by them at
-every forward inside a block: the new ones are allocated in it, the old ones were made before it
-and their free is not seen. CUDA's counters have no such blind spot.
-
-Python's cyclic garbage collector is paused inside the block: otherwise it may free, in the middle
-of a measurement, garbage left by earlier code (which the CPU accounting counts as a free if an
-earlier measurement saw the allocation), and the numbers would depend on what ran before.
+1. Only blocks allocated inside the measured block count: freeing a tensor allocated before it
+   changes nothing (PyTorch warns "Memory block of unknown size was allocated before the profiling
+   started" for some of these). So measure a forward and its backward in one block, and split it
+   with `meter.mark(label)`: a mark allocates and frees a sentinel of a size no tensor has, which
+   shows where the phase starts in the event stream (and is left out of the counts).
+   `meter.phases[label]` then gives the level at the phase's start, its peak and its end, all
+   relative to the block's start. On CUDA a mark reads and resets the allocator's counters.
+2. Rule 1 is enforced by address, not left to the profiler. The CPU allocator's reporter keeps a
+   size per address for every block allocated while memory profiling is on, and forgets it only
+   when the free happens while profiling is on. A block allocated in one measurement and freed
+   outside any leaves its size behind; a later block at the same address, allocated outside and
+   freed inside a measurement, is then reported as a free of that stale size, as often as malloc
+   happens to reuse the address. So each free is matched by address to an allocation the block
+   saw, and the rest are dropped.
+3. A module that keeps tensors across forwards as plain attributes (torchao's fake quantizers
+   keep their last scale and zero point) looks as if it grew by them at every forward inside a
+   block: the new ones are allocated in it, the old ones were made before it and their free does
+   not count. CUDA's counters have no such blind spot.
+4. Python's cyclic garbage collector is paused inside the block, so that a reference cycle frees
+   its tensors where the code drops it, not wherever a collection happens to run.
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ import gc
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from torch._C._profiler import _EventType
 
 __all__ = ["MemoryMeter", "Phase", "measure_memory"]
 
@@ -117,6 +125,36 @@ def measure_memory(device: str | torch.device = "cpu") -> Iterator[MemoryMeter]:
             gc.enable()
 
 
+def _deltas_of_blocks_seen(results: Any) -> list[int]:
+    """The CPU allocator's signed byte counts in the profiled block, in order, less the frees of
+    blocks allocated before it (NOTE [ CPU memory accounting ], rules 1 and 2)."""
+    cpu = torch._C._autograd.DeviceType.CPU
+    ptrs: dict[tuple[int, int], list[int]] = {}  # (start ns, bytes) -> addresses, in tree order
+    stack = list(reversed(results.experimental_event_tree()))
+    while stack:
+        e = stack.pop()
+        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+            f = e.extra_fields
+            ptrs.setdefault((e.start_time_ns, f.alloc_size), []).append(f.ptr)
+        stack.extend(reversed(e.children))
+    live: set[int] = set()
+    deltas = []
+    for e in results.events():
+        if e.name() != "[memory]" or e.device_type() != cpu:
+            continue
+        n = e.nbytes()
+        at = ptrs.get((e.start_ns(), n))
+        ptr = at.pop(0) if at else None
+        if n > 0:
+            live.add(ptr)
+        elif ptr is not None:
+            if ptr not in live:
+                continue  # allocated before the block: a size the profiler kept from earlier
+            live.discard(ptr)
+        deltas.append(n)
+    return deltas
+
+
 @contextlib.contextmanager
 def _measure(dev: torch.device) -> Iterator[MemoryMeter]:
     meter = MemoryMeter(device=str(dev))
@@ -146,12 +184,7 @@ def _measure(dev: torch.device) -> Iterator[MemoryMeter]:
         with _quiet_native_stderr():
             prof.__exit__(None, None, None)
     sentinels = {_SENTINEL_BASE + 2 * k: label for k, label in enumerate(meter._labels)}
-    cpu = torch._C._autograd.DeviceType.CPU
-    deltas = [
-        e.nbytes()
-        for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]" and e.device_type() == cpu
-    ]
+    deltas = _deltas_of_blocks_seen(prof.profiler.kineto_results)
     level = peak = 0
     phase = Phase()
     label = _FIRST

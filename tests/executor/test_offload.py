@@ -13,7 +13,6 @@ from memplan.executor.runner import ScheduleRunner
 from memplan.profiler.tensors import unique_params
 
 from tests.executor.models import measured_profile, mlp_chain
-from tests.retry import measured_again
 
 SPEC_REFUSAL = (
     "offload: this plan moves activations to host memory, which needs a CUDA device (there is no "
@@ -97,7 +96,6 @@ def test_the_bytes_moved_are_the_activation_and_the_record():
     assert r.offload.moved_bytes == prof.layers[0].output_bytes + prof.layers[1].saved_bytes
 
 
-@measured_again()  # NOTE [ byte tests in the full suite ] in tests/retry.py
 def test_an_input_offloaded_with_its_reader_is_freed_after_the_window():
     # R 2 saves a_1 while a_1 moves: the record saves the moving copy, so from R 3 on the device
     # holds a_1 no more (bytes as the plan without transfers, less x_1, plus its host copy x_1)
@@ -287,7 +285,6 @@ def _per_op_bytes(stages, x, ops, **kw):
 
 
 @pytest.mark.parametrize("chain", ["mlp", "gpt"])
-@measured_again()  # NOTE [ byte tests in the full suite ] in tests/retry.py
 def test_transfers_add_nothing_to_the_replays_bytes(chain):
     # On the CPU the host copies are CPU bytes too: during every op but the transfer ops
     # themselves, the bytes measured with transfers are the replay's device plus host bytes, off

@@ -22,14 +22,14 @@ from memplan.profiler.measure import profile_chain
 from memplan.profiler.models.gpt import GPTConfig, build_gpt
 
 from memplan import planner
-from tests.conftest import one_off_bytes
 
 torch.set_num_threads(1)
 
 TINY = dict(n_layer=8, n_embd=32, n_head=2, block_size=16, vocab_size=64, batch_size=4)
-# bytes: a 4-byte scalar, or one activation (NOTE [ a one-off block ] in tests/conftest.py)
-SLACK = 16 + one_off_bytes(batch_size=4, block_size=16, n_embd=32)
 POLICIES = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
+# the step's fp32 scalars (the loss value's buffer, the seed gradient, the loss scale) sit at one
+# op in the replay and at a neighbour in the run: the peaks agree to within these few bytes
+SCALARS_BYTES = 16
 
 
 def _build(policy: str, **kw):
@@ -62,7 +62,7 @@ def test_predicted_fixed_and_activation_bytes_equal_measured(policy):
     for plan in (store, tight):
         r = run_plan(stages, idx, plan, profile=prof, steps=2, autocast_dtype=ac)
         assert r.measured_fixed_bytes == expect
-        assert abs(r.measured_peak_bytes - r.predicted_peak_bytes) <= SLACK, (policy, plan.strategy)
+        assert abs(r.measured_peak_bytes - r.predicted_peak_bytes) <= SCALARS_BYTES, (policy, plan.strategy)
     # the blocks' outputs: the residual stream stays fp32 under autocast, bf16 when pure
     want = "bfloat16" if policy == "bf16" else "float32"
     assert [la.output_dtype for la in prof.layers[:-1]] == [want] * (len(prof.layers) - 1)
@@ -98,7 +98,7 @@ def test_stored_plans_run_byte_exact_against_the_replay(dtype):
             continue  # storing would not lower this schedule's peak: left as computed
         stored += 1
         r = run_plan(stages, idx, plan, profile=prof, steps=2, autocast_dtype=ac)
-        assert abs(r.measured_peak_bytes - r.predicted_peak_bytes) <= SLACK, (strategy, frac)
+        assert abs(r.measured_peak_bytes - r.predicted_peak_bytes) <= SCALARS_BYTES, (strategy, frac)
         assert r.predicted_peak_bytes < base.predicted.peak_bytes
     assert stored >= 2
 

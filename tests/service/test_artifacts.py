@@ -14,7 +14,6 @@ from memplan.service.jobs import store as store_mod
 from memplan.service.jobs.artifacts import check_name
 from memplan.service.jobs.store import JobState, JobStore
 
-from tests.retry import measured_again
 from tests.service.server import Server, wait_finished
 
 TINY = {"n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size": 64, "batch_size": 2,
@@ -96,7 +95,6 @@ def real_server(tmp_path_factory):
 
 
 @pytest.mark.slow
-@measured_again()  # NOTE [ byte tests in the full suite ] in tests/retry.py: two measured steps
 def test_a_cpu_run_keeps_its_measured_timeline(real_server):
     from memplan.planner.timeline import PlanTimeline
 

@@ -7,7 +7,6 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import one_off_bytes
 from tests.service.server import wait_for
 
 TINY = {"n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 16, "vocab_size": 64,
@@ -31,12 +30,7 @@ def test_sweep_measured_on_the_local_worker(client):
     ok, tight = rep["cells"]
     # measured profile, store-all: the run allocates exactly the replay's peak
     assert ok["ran"] and ok["run_status"] == "ok" and ok["grad_max_rel_diff"] == 0.0
-    # within one 4-byte scalar's jitter across processes: NOTE [ measured peak across processes ]
-    # in tests/service/test_backends.py
-    # a 4-byte scalar, or one activation: NOTE [ a one-off block ] in tests/conftest.py
-    slack = 16 + one_off_bytes(batch_size=TINY["batch_size"], block_size=TINY["block_size"],
-                               n_embd=TINY["n_embd"])
-    assert abs(ok["measured_peak_bytes"] - ok["predicted_peak_bytes"]) <= slack
+    assert ok["measured_peak_bytes"] == ok["predicted_peak_bytes"]
     assert ok["measured_fixed_bytes"] == ok["fixed_bytes_per_gpu"]
     # a 1-byte budget: infeasible is a result, not a failure; it is not run
     assert tight["state"] == "succeeded" and tight["feasible"] is False and not tight["ran"]
