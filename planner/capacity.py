@@ -29,6 +29,7 @@ from typing import Any
 from memplan.planner.devices import DEVICES, DevicePreset, device_preset
 from memplan.planner.parallelism import MAX_PARALLEL
 from memplan.planner.schema import PlanError
+from memplan.profiler.hf_config import loss_meta
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["DevicePreset", "DEVICES", "device_preset", "CapacityRequest", "CapacityAnswer",
@@ -93,6 +94,9 @@ class CapacityRequest(BaseModel):
     policies: bool = Field(default=True, description="also answer for each precision policy (table)")
     lean_loss: bool = Field(default=False, description="the head computes memplan.lean_loss (logits and "
                             "per-token log-sum-exps saved, no log-softmax; not with tp > 1)")
+    reuse_logits: bool = Field(default=False, description="with lean_loss: its backward writes the "
+                               "logits' gradient over the logits (memplan.lean_loss(model, "
+                               "reuse_logits=True)), one N x V tensor less at the head's peak")
 
 
 class PolicyRow(BaseModel):
@@ -177,7 +181,8 @@ class _Asker:
         lay = self.layout(n if n is not None else self.mp, T)
         prof = rank_profile(self.shape, lay, p, B=B, T=T, precision=precision, attention=self.req.attention,
                             optimizer=self.req.optimizer, flops_per_s=self.flops_per_s,
-                            zero_stage=self.req.zero_stage, lean_loss=self.req.lean_loss)
+                            zero_stage=self.req.zero_stage, lean_loss=self.req.lean_loss,
+                            reuse_logits=self.req.reuse_logits)
         return _with_pending_tied_grad(prof, lay.pp)
 
     def plan(self, B: int, T: int, n: int, precision: str, strategy: str = "optimal", p: int = 0):
@@ -315,6 +320,9 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
                         "(the policies a training step is profiled under)")
     if req.attention not in ("sdpa", "eager", "flash"):
         raise PlanError(f"attention: choose sdpa or eager, not {req.attention!r}")
+    if req.reuse_logits and not req.lean_loss:
+        raise PlanError("reuse_logits: it is an option of the lean loss; set lean_loss too, or drop "
+                        "reuse_logits")
     peak = req.peak_flops or (preset.peak_bf16_flops if preset else 1e15)
     ask = _Asker(req, memory, peak * req.utilization)
     if ask.shape.n_layer > MAX_LAYERS:
@@ -422,7 +430,7 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
         assumptions={
             "device": preset.name if preset else None,
             "peak_flops": peak, "utilization": req.utilization, "attention": req.attention,
-            "optimizer": req.optimizer, "loss": "lean" if req.lean_loss else "hf",
+            "optimizer": req.optimizer, **loss_meta(req.lean_loss, req.reuse_logits),
             "activations": "analytic profile of the transformers layers (memplan.profiler.hf_config), "
                            "one tensor/context-parallel rank's, optimal checkpoint plan; transient "
                            "bytes estimated",

@@ -158,12 +158,13 @@ def comm_buffer_bytes(lay: ParallelLayout, *, zero_stage: int, hidden_bytes: int
 
 
 def rank_profile(shape, lay: ParallelLayout, p: int, *, B: int, T: int, precision: str, attention: str,
-                 optimizer: str, flops_per_s: float, zero_stage: int, lean_loss: bool = False):
+                 optimizer: str, flops_per_s: float, zero_stage: int, lean_loss: bool = False,
+                 reuse_logits: bool = False):
     """The profile of pipeline rank `p` of layout `lay` (NOTE [ A pipeline rank as one chain ]):
     one tensor/context-parallel rank's stages of a `B` x `T` micro-batch, saved and output bytes
     times the micro-batches in flight, fixed bytes the rank's model states (unsharded: the planner
     shards them over dp x cp) plus its communication buffers (NOTE [ Communication buffers ]).
-    `lean_loss`: the head computes memplan.lean_loss (hf_analytic_profile's option of that name).
+    `lean_loss`, `reuse_logits`: the head's loss (hf_analytic_profile's options of those names).
     Returns a Profile whose meta["parallel"] records the layout, the rank and what was scaled."""
     from memplan.planner.pipeline_parallel import in_flight_interleaved
     from memplan.planner.precision import get_policy, with_optimizer
@@ -171,7 +172,8 @@ def rank_profile(shape, lay: ParallelLayout, p: int, *, B: int, T: int, precisio
 
     base = hf_analytic_profile(shape, seq_len=T, batch_size=B, precision=precision, attention=attention,
                                optimizer=optimizer, flops_per_s=flops_per_s, device="cuda",
-                               tp=lay.tp, sp=lay.sp, cp=lay.cp, lean_loss=lean_loss)
+                               tp=lay.tp, sp=lay.sp, cp=lay.cp, lean_loss=lean_loss,
+                               reuse_logits=reuse_logits)
     P = lay.pp
     k = in_flight_interleaved(P, lay.micro_batches, lay.virtual_stages, p)
     blocks = base.layers[1:-1]

@@ -17,7 +17,7 @@ _OPTION = {"memory_bytes": "--memory", "seq_len": "--seq", "micro_batch": "--bat
            "micro_batches": "--micro-batches", "virtual_stages": "--virtual-stages",
            "intra_node_bandwidth": "--intra-node-bandwidth",
            "inter_node_bandwidth": "--inter-node-bandwidth", "gpus_per_node": "--gpus-per-node",
-           "lean_loss": "--lean-loss"}
+           "lean_loss": "--lean-loss", "reuse_logits": "--reuse-logits"}
 
 
 @app.command("capacity")
@@ -59,6 +59,8 @@ def capacity_cmd(
     utilization: Annotated[float, typer.Option(help="fraction of peak FLOP/s (step time only)")] = 0.4,
     lean: Annotated[bool, typer.Option("--lean-loss", help="the head computes memplan.lean_loss "
                                        "(no saved log-softmax; docs/apply.md)")] = False,
+    reuse: Annotated[bool, typer.Option("--reuse-logits", help="with --lean-loss: its backward "
+                                        "writes the logits' gradient over the logits")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
 ) -> None:
     """Does CONFIG train within --memory per GPU? Exit 0 when it fits, 1 when not, 2 bad input."""
@@ -76,7 +78,8 @@ def capacity_cmd(
                "n_gpus": gpus, "zero_stage": zero_stage, "attention": attention,
                "optimizer": optimizer, "utilization": utilization, "device": device, "tp": tp,
                "sp": sp, "cp": cp, "pp": pp, "micro_batches": micro_batches,
-               "virtual_stages": virtual_stages, "gpus_per_node": gpus_per_node, "lean_loss": lean}
+               "virtual_stages": virtual_stages, "gpus_per_node": gpus_per_node, "lean_loss": lean,
+               "reuse_logits": reuse}
     for key, value, flag in (("intra_node_bandwidth", intra_node_bandwidth, "--intra-node-bandwidth"),
                              ("inter_node_bandwidth", inter_node_bandwidth, "--inter-node-bandwidth")):
         if value is not None:

@@ -28,7 +28,7 @@ _HF_OPTIONS = {
     "seq_len": "--seq", "batch_size": "--batch", "attention": "--attention", "precision": "--precision",
     "config": "--hf-config", "tp": "--tp", "sp": "--sp", "cp": "--cp", "flops_per_s": "--flops-per-s",
     "optimizer": "--optimizer", "device": "--device", "name": "--name", "repeats": "--repeats",
-    "warmup": "--warmup", "lean_loss": "--lean-loss",
+    "warmup": "--warmup", "lean_loss": "--lean-loss", "reuse_logits": "--reuse-logits",
 }
 
 
@@ -112,6 +112,9 @@ def profile_cmd(
     lean: Annotated[bool, typer.Option(
         "--lean-loss", help="--hf-config: the head computes its loss with memplan.lean_loss (the "
         "logits and per-token log-sum-exps saved, no log-softmax; docs/apply.md)")] = False,
+    reuse: Annotated[bool, typer.Option(
+        "--reuse-logits", help="with --lean-loss: its backward writes the logits' gradient over "
+        "the logits, as memplan.lean_loss(model, reuse_logits=True)")] = False,
     server: ServerOption = None,
 ) -> None:
     """Profile a built-in model: per-stage times, bytes and FLOPs (see docs/profiler.md)."""
@@ -127,7 +130,7 @@ def profile_cmd(
                            attention=attention, device=device, optimizer=optimizer,
                            flops_per_s=flops_per_s, repeats=repeats, warmup=warmup, name=name,
                            parallel={"tp": tp, "sp": sp, "cp": cp}, policies=policies, lean=lean,
-                           others={"--model": model if model != "gpt" else None, "--preset": preset,
+                           reuse=reuse, others={"--model": model if model != "gpt" else None, "--preset": preset,
                                    "--n-layer": n_layer, "--d-model": d_model, "--n-head": n_head,
                                    "--vocab": vocab, "--dtype": dtype, "--autocast": autocast,
                                    "--server": server})
@@ -135,8 +138,9 @@ def profile_cmd(
         return
     if (tp, sp, cp) != (1, False, 1):
         raise ValueError("--tp, --sp, --cp: only with --hf-config CONFIG.json --analytic")
-    if lean:
-        raise ValueError("--lean-loss: only with --hf-config CONFIG.json (a Hugging Face model's "
+    if lean or reuse:
+        flag = "--lean-loss" if lean else "--reuse-logits"
+        raise ValueError(f"{flag}: only with --hf-config CONFIG.json (a Hugging Face model's "
                          "loss); the built-in GPT's head keeps its own")
     dtype, autocast = _policy_dtypes(precision, dtype, autocast)
     if capacity_factor is not None and not (math.isfinite(capacity_factor) and capacity_factor > 0):
@@ -243,7 +247,7 @@ def _emit(prof, out: Path | None, json_out: bool) -> None:
 
 def _hf_profile(path: Path, *, analytic, seq, batch, precision, attention, device, optimizer,
                 flops_per_s, repeats, warmup, name, others, parallel=None, policies=False,
-                lean=False):
+                lean=False, reuse=False):
     """The profile of the Hugging Face decoder `path` describes: analytic
     (memplan.profiler.hf_config.hf_analytic_profile) or measured on a model built from it."""
     from memplan.cli._app import read_json
@@ -259,7 +263,8 @@ def _hf_profile(path: Path, *, analytic, seq, batch, precision, attention, devic
     if not isinstance(cfg, dict):
         raise ValueError(f"--hf-config: {path} holds no JSON object; give a config.json")
     kw = dict(seq_len=seq, batch_size=1 if batch is None else batch, precision=precision or "fp32",
-              attention=attention or "sdpa", optimizer=optimizer, name=name, lean_loss=lean)
+              attention=attention or "sdpa", optimizer=optimizer, name=name, lean_loss=lean,
+              reuse_logits=reuse)
     try:
         defaults = {"tp": 1, "sp": False, "cp": 1}
         split = {k: v for k, v in (parallel or {}).items() if v != defaults[k]}

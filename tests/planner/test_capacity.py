@@ -101,6 +101,23 @@ def test_lean_loss_prices_the_lean_head_and_fits_more():
         capacity({**base, "lean_loss": True, "tp": 2})
 
 
+def test_reused_logits_free_one_logits_tensor_at_the_head():
+    """`reuse_logits`: the head's backward holds the chunks alone, one N x V of 16-bit logits less
+    than the lean loss's; the answer says which loss it assumed, and the largest micro-batch is
+    the last that fits; without `lean_loss` it is refused in one line."""
+    base = {"config": LLAMA7B, "memory_bytes": 80 * 10**9, "seq_len": 4096, "precision": "bf16-mixed",
+            "n_gpus": 8, "zero_stage": 3, "policies": False, "lean_loss": True}
+    lean, reuse = capacity(base), capacity({**base, "reuse_logits": True})
+    assert lean.assumptions["reuse_logits"] is False and reuse.assumptions["reuse_logits"] is True
+    assert reuse.assumptions["loss"] == "lean"
+    assert reuse.max_micro_batch >= lean.max_micro_batch
+    mb = reuse.max_micro_batch
+    assert capacity({**base, "reuse_logits": True, "micro_batch": mb}).fits
+    assert not capacity({**base, "reuse_logits": True, "micro_batch": mb + 1}).fits
+    with pytest.raises(PlanError, match=r"^reuse_logits: it is an option of the lean loss"):
+        capacity({**base, "lean_loss": False, "reuse_logits": True})
+
+
 def test_policy_table_orders_policies_by_their_bytes():
     a = capacity({"config": LLAMA7B, "device": "h200", "seq_len": 4096})
     rows = {r.precision: r for r in a.policies}
@@ -167,6 +184,7 @@ def test_cli_exit_codes_and_json():
     for args, field in ((["--device", "tpu"], "--device"), (["--memory", "lots"], "--memory"),
                         (["--memory", "80GB", "--seq", "0"], "--seq"),
                         (["--memory", "80GB", "--tp", "2", "--gpus", "2", "--lean-loss"], "--lean-loss"),
+                        (["--memory", "80GB", "--reuse-logits"], "--reuse-logits"),
                         (["--memory", "80GB", "--precision", "fp8"], "--precision")):
         res = runner.invoke(app, ["capacity", path, *args])
         assert res.exit_code == 2, (args, res.output)

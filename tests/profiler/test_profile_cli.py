@@ -150,6 +150,11 @@ def test_hf_config_lean_loss_derived_and_measured_alike(tmp_path):
     assert res.exit_code == 2 and "--lean-loss: the lean loss is not vocabulary-parallel" in res.output
     res = runner.invoke(app, ["profile", *TINY, "--lean-loss"])
     assert res.exit_code == 2 and "--lean-loss: only with --hf-config" in res.output
+    res = runner.invoke(app, ["profile", *TINY, "--reuse-logits"])
+    assert res.exit_code == 2 and "--reuse-logits: only with --hf-config" in res.output
+    res = runner.invoke(app, ["profile", "--hf-config", str(big), "--analytic", "--seq", "4096",
+                              "--reuse-logits"])
+    assert res.exit_code == 2 and "--reuse-logits: it is an option of the lean loss" in res.output
 
 
 def test_policies_flag_measures_save_policies(tmp_path):

@@ -60,6 +60,7 @@ def test_bad_input_is_a_422_naming_the_field(client):
         ({"config": LLAMA7B, "memory_bytes": 10**9, "seq_len": 4095, "cp": 2, "n_gpus": 2}, "seq_len"),
         ({"config": LLAMA7B, "memory_bytes": 10**9, "tp": 2, "n_gpus": 2, "lean_loss": True}, "lean_loss"),
         ({"config": LLAMA7B, "memory_bytes": 10**9, "lean_loss": "yes"}, "lean_loss"),
+        ({"config": LLAMA7B, "memory_bytes": 10**9, "reuse_logits": True}, "reuse_logits"),
     ):
         r = client.post("/v1/capacity", json=body)
         assert r.status_code == 422, (body, r.text)
