@@ -120,16 +120,18 @@ def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 
                   budget: int | str | None = None, fraction: float | None = None,
                   strategy: str = "optimal", steps: int = 3, seed: int = 0,
                   policies: bool = False, compile: bool = False, lean_loss: bool = False,
-                  offload_bandwidth: float | None = None, host_memory_bytes: int | None = None) -> HFRun:
+                  reuse_logits: bool = False, offload_bandwidth: float | None = None,
+                  host_memory_bytes: int | None = None) -> HFRun:
     """Build the model, `auto_checkpoint` it on a random batch (for `budget` bytes, or `fraction` of
     its store-all activation peak), run `steps` AdamW steps of a plain loop on fresh batches, and
     measure one more step against the prediction (`measure_step`). `policies`: profile the blocks'
     save policies so the plan may record blocks under them; `compile`: compile each block
     (`auto_checkpoint`'s options of the same names); `lean_loss`: the model computes its loss with
-    `memplan.lean_loss` (docs/apply.md, "A lean loss"). `offload_bandwidth` (bytes/s) and
-    `host_memory_bytes`: the optimal plan may also move kept activations to host memory
-    (`auto_checkpoint`'s options; the model runs on the CPU here, where a plan that moves any is
-    refused with `InstallError`, and one that moves none runs).
+    `memplan.lean_loss` (docs/apply.md, "A lean loss"), with `reuse_logits` the one whose backward
+    writes the logits' gradient over the logits (the loop reads only the loss).
+    `offload_bandwidth` (bytes/s) and `host_memory_bytes`: the optimal plan may also move kept
+    activations to host memory (`auto_checkpoint`'s options; the model runs on the CPU here, where
+    a plan that moves any is refused with `InstallError`, and one that moves none runs).
 
     Returns an `HFRun` (bytes, seconds). Raises `InstallError` on bad input and
     `InfeasiblePlanError` when nothing fits the budget."""
@@ -141,12 +143,15 @@ def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 
             raise InstallError(f"{name}: an integer >= 1, got {v!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise InstallError(f"steps: an integer >= 1, got {steps!r}")
+    if reuse_logits and not lean_loss:
+        raise InstallError("reuse_logits: it is an option of the lean loss; set lean_loss too, or "
+                           "drop reuse_logits")
     torch.manual_seed(seed)
     model = hf_model_from_config(config).train()
     if lean_loss:
         from memplan.executor.lean_loss import lean_loss as use_lean_loss
 
-        use_lean_loss(model)
+        use_lean_loss(model, reuse_logits=reuse_logits)
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(seed + 1)
 

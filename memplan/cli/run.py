@@ -53,6 +53,9 @@ def run_cmd(
     lean: Annotated[bool, typer.Option(
         "--lean-loss", help="--hf-config: compute the loss with memplan.lean_loss (the same loss "
         "without the saved log-softmax: a lighter head)")] = False,
+    reuse: Annotated[bool, typer.Option(
+        "--reuse-logits", help="--hf-config --lean-loss: its backward writes the logits' gradient "
+        "over the logits (the loop reads only the loss)")] = False,
     server: ServerOption = None,
 ) -> None:
     """Profile, plan, run and compare a built-in model: predicted against measured.
@@ -81,17 +84,21 @@ def run_cmd(
         if ignored:
             raise ValueError(f"{ignored[0]}: not an option with --hf-config (the config sets the "
                              "model, which runs locally on the CPU; it uses --batch, --seq, --budget, "
-                             "--strategy, --steps, --policies, --compile, --lean-loss and the "
-                             "offload options)")
+                             "--strategy, --steps, --policies, --compile, --lean-loss, "
+                             "--reuse-logits and the offload options)")
         for flag, v in (("--batch", batch), ("--seq", seq), ("--steps", steps)):
             if v < 1:
                 raise ValueError(f"{flag}: an integer >= 1, got {v}")
+        if reuse and not lean:
+            raise ValueError("--reuse-logits: it is an option of the lean loss; add --lean-loss, or "
+                             "drop --reuse-logits")
         _run_hf(hf_config, batch=batch, seq=seq, budget=budget, strategy=strategy, steps=steps,
                 json_out=json_out, policies=policies, compile_blocks=compile_blocks, lean=lean,
-                offload=offload)
+                reuse=reuse, offload=offload)
         return
-    if policies or compile_blocks or lean:
-        flag = "--policies" if policies else "--compile" if compile_blocks else "--lean-loss"
+    if policies or compile_blocks or lean or reuse:
+        flag = ("--policies" if policies else "--compile" if compile_blocks else "--lean-loss" if lean
+                else "--reuse-logits")
         raise ValueError(f"{flag}: only with --hf-config (the built-in models' plans run whole "
                          "stages with their own losses)")
 
@@ -179,7 +186,7 @@ def _run_options() -> Iterator[None]:
 
 def _run_hf(path: Path, *, batch: int, seq: int, budget: str | None, strategy: str, steps: int,
             json_out: bool, policies: bool = False, compile_blocks: bool = False,
-            lean: bool = False, offload: dict | None = None) -> None:
+            lean: bool = False, reuse: bool = False, offload: dict | None = None) -> None:
     """`--hf-config`: executor/install.py's run_hf_config, printed; exit 1 when infeasible or
     when the measured peak is more than 2% from the prediction. `offload`: run_hf_config's
     offload_bandwidth (bytes/s) and host_memory_bytes, those given."""
@@ -192,7 +199,7 @@ def _run_hf(path: Path, *, batch: int, seq: int, budget: str | None, strategy: s
             run = run_hf_config(path, batch_size=batch, seq=seq, strategy=strategy, steps=steps,
                                 budget=parse_bytes(budget, field="--budget") if budget else None,
                                 policies=policies, compile=compile_blocks, lean_loss=lean,
-                                **(offload or {}))
+                                reuse_logits=reuse, **(offload or {}))
     except InfeasiblePlanError as err:
         typer.echo(f"infeasible: {err}", err=True)
         raise typer.Exit(1) from None

@@ -30,11 +30,11 @@ given (at most `job_timeout_s`), else `job_timeout_s`.
 A run also measures its plan's timeline op by op (`memplan.executor.timeline`, a warm-up step and
 the measured one: two more passes). A Hugging Face run (`model: "hf"`) is priced from its
 config's shapes: Llama-style decoders by `memplan.profiler.hf_config.hf_analytic_profile` (the
-lean head where `config.lean_loss` asks for it), GPT-2 by the built-in GPT's analytic profile of
-the same shapes (the same layers: learned positions, LayerNorm, GELU MLP; its head keeps the full
-log-softmax, an upper bound for a lean run); one model (no reference copy), and the passes
-`run_hf_config` makes (3 profiling repeats and a warm-up, `steps` loop steps, a measured step and 2
-timed ones).
+lean head where `config.lean_loss` asks for it, its backward without the logits' gradient where
+`config.reuse_logits` does), GPT-2 by the built-in GPT's analytic profile of the same shapes (the
+same layers: learned positions, LayerNorm, GELU MLP; its head keeps the full log-softmax, an
+upper bound for a lean run); one model (no reference copy), and the passes `run_hf_config` makes
+(3 profiling repeats and a warm-up, `steps` loop steps, a measured step and 2 timed ones).
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ def _hf_profile(cfg: BaseModel, dev: str):
         shape = decoder_shape(cfg.hf_config)
         if shape.family != "gpt2":
             return hf_analytic_profile(shape, seq_len=cfg.seq, batch_size=cfg.batch_size, device=dev,
-                                       lean_loss=bool(getattr(cfg, "lean_loss", False)))
+                                       lean_loss=bool(getattr(cfg, "lean_loss", False)),
+                                       reuse_logits=bool(getattr(cfg, "reuse_logits", False)))
         return analytic.gpt_analytic_profile(
             {"n_layer": shape.n_layer, "n_embd": shape.hidden_size, "n_head": shape.n_head,
              "block_size": cfg.seq, "vocab_size": shape.vocab_size, "batch_size": cfg.batch_size,

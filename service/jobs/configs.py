@@ -100,9 +100,14 @@ class HFRunConfig(BaseModel):
     batch_size: int = Field(default=4, ge=1, le=4096, description="sequences per step")
     lean_loss: bool = Field(default=False, description="compute the loss with memplan.lean_loss (the "
                             "same loss without the saved log-softmax: a lighter head; docs/apply.md)")
+    reuse_logits: bool = Field(default=False, description="with lean_loss: its backward writes the logits' "
+                               "gradient over the logits (one N x V tensor less at the head's peak)")
 
     @model_validator(mode="after")
     def _check(self) -> HFRunConfig:
+        if self.reuse_logits and not self.lean_loss:
+            raise ValueError("reuse_logits: it is an option of the lean loss; set lean_loss too, or "
+                             "drop reuse_logits")
         cfg = self.hf_config
         mt = cfg.get("model_type")
         if mt not in HF_RUN_MODEL_TYPES:

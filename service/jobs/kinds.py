@@ -144,7 +144,8 @@ def _run_hf(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
     run = run_hf_config(dict(cfg["hf_config"]), batch_size=int(cfg.get("batch_size", 4)),
                         seq=int(cfg.get("seq", 64)), budget=request.get("budget_bytes"),
                         strategy=request.get("strategy") or "optimal", steps=int(request.get("steps", 3)),
-                        lean_loss=bool(cfg.get("lean_loss", False)), **_offload(request))
+                        lean_loss=bool(cfg.get("lean_loss", False)),
+                        reuse_logits=bool(cfg.get("reuse_logits", False)), **_offload(request))
     if hasattr(ctx, "artifact_absent"):
         why = ("a Hugging Face run installs its plan into the model (auto_checkpoint); the executor's "
                "op-by-op measurement needs the built-in models' stages; the result has the measured peak")

@@ -909,7 +909,8 @@ async function onHfRun(ev) {
                    budget_bytes: budget ? parseBytes(budget) : null,
                    config: { hf_config: cfg, seq: Number($("#hf-run-seq").value),
                              batch_size: Number($("#hf-run-batch").value),
-                             lean_loss: $("#hf-run-loss").value === "lean" } });
+                             lean_loss: $("#hf-run-loss").value !== "hf",
+                             reuse_logits: $("#hf-run-loss").value === "reuse" } });
     const job = await api("/v1/runs", { method: "POST", body });
     await refreshJobs();
     watch(job.id);

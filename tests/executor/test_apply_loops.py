@@ -121,6 +121,23 @@ def test_memplan_run_hf_config(tmp_path):
     assert lean["store_all_peak_bytes"] < out["store_all_peak_bytes"] and abs(lean["peak_error_pct"]) <= 2.0
     res = runner.invoke(app, ["run", "--lean-loss"])
     assert res.exit_code == 2 and "--lean-loss: only with --hf-config" in res.output
+    # reusing the logits for their gradient: where the head sets the peak (4,096 words), one
+    # N x V tensor less at its backward, the plan still within 2%
+    wide = tmp_path / "wide.json"
+    wide.write_text(json.dumps({**json.loads(cfg.read_text()), "vocab_size": 4096}))
+    peaks = {}
+    for extra in ([], ["--reuse-logits"]):
+        res = runner.invoke(app, ["run", "--hf-config", str(wide), "--batch", "2", "--seq", "16",
+                                  "--strategy", "store-all", "--steps", "1", "--lean-loss", *extra,
+                                  "--json"])
+        assert res.exit_code == 0, res.output
+        got = json.loads(res.stdout[res.stdout.index("{"):])
+        assert abs(got["peak_error_pct"]) <= 2.0
+        peaks[bool(extra)] = got["store_all_peak_bytes"]
+    assert peaks[True] < peaks[False]
+    for args in (["--hf-config", str(cfg), "--reuse-logits"], ["--reuse-logits"]):
+        res = runner.invoke(app, ["run", *args])
+        assert res.exit_code == 2 and "--reuse-logits: " in res.output, res.output
 
 
 def _ddp_rank(rank: int, world: int, tmp: str) -> None:

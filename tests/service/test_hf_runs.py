@@ -48,6 +48,7 @@ def _refused(request: dict, settings: Settings | None = None) -> AdmissionError:
     ({"config": {"hf_config": GPT2, "batch_size": 5000}}, "body.config.batch_size"),
     ({"config": {"hf_config": GPT2, "colour": "red"}}, "body.config.colour"),
     ({"config": {"hf_config": GPT2, "lean_loss": "yes"}}, "body.config.lean_loss"),
+    ({"config": {"hf_config": GPT2, "reuse_logits": True}}, "body.config.reuse_logits"),
     ({"config": {"seq": 16}}, "body.config.hf_config"),
     ({"config": {"hf_config": GPT2}, "features": ["moe"]}, "body.features"),
     ({"config": {"hf_config": GPT2}, "autocast_dtype": "bfloat16"}, "body.autocast_dtype"),
@@ -99,6 +100,11 @@ def test_the_estimate_refuses_what_cannot_fit_and_names_what_to_shrink():
                                                         "lean_loss": lean}}, _settings(), job_path=RUN)
            for lean in (False, True)}
     assert est[False].memory_bytes - est[True].memory_bytes >= 4 * (4 * 64) * 32000 - (8 << 20)
+    # reusing the logits for their gradient: the head's backward holds one fp32 N x V less still
+    reuse = admit("run", {"model": "hf", "config": {"hf_config": cfg, "seq": 64, "batch_size": 4,
+                                                    "lean_loss": True, "reuse_logits": True}},
+                  _settings(), job_path=RUN)
+    assert est[True].memory_bytes - reuse.memory_bytes == 4 * (4 * 64) * 32000
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +160,13 @@ def test_a_run_job_with_the_lean_loss_passes_it_to_the_model():
         runs[lean] = run_job(body, _Ctx())
     assert runs[True]["store_all_peak_bytes"] < runs[False]["store_all_peak_bytes"]
     assert abs(runs[True]["peak_error_pct"]) <= 2.0
+    # `config.reuse_logits`: the lean loss writes the logits' gradient over them; where the head
+    # sets the peak (4,096 words), the store-all peak is lower still
+    wide = {**GPT2, "vocab_size": 4096}
+    heads = {}
+    for reuse in (False, True):
+        body = {"model": "hf", "config": {"hf_config": wide, "seq": 16, "batch_size": 2, "lean_loss": True,
+                                          "reuse_logits": reuse}, "strategy": "store-all", "steps": 1}
+        heads[reuse] = run_job(body, _Ctx())
+        assert abs(heads[reuse]["peak_error_pct"]) <= 2.0
+    assert heads[True]["store_all_peak_bytes"] < heads[False]["store_all_peak_bytes"]
