@@ -379,6 +379,16 @@ def n_params(config: DecoderShape | str | Path | dict) -> int:
 # the same chunks; with `reuse_logits` that gradient is written over the logits, and the backward
 # holds the chunks alone (measured 0.3% under for fp32 logits, 0.7-1.5% under for 16-bit).
 
+CHUNK_BYTES = 8 << 20  # the lean loss's chunk: fp32 bytes of its temporaries (rows x V x 4), at most
+CHUNKS_AT_LEAST = 8  # chunks at least: a chunk is at most 1/8 of the rows, small beside N x V
+
+
+def rows_per_chunk(n: int, vocab: int) -> int:
+    """Rows of one chunk of the lean loss over n rows of `vocab` logits: at most CHUNK_BYTES of
+    fp32 and 1/CHUNKS_AT_LEAST of the rows."""
+    return max(1, min(CHUNK_BYTES // (4 * max(1, vocab)), -(-n // CHUNKS_AT_LEAST)))
+
+
 def _check_loss(lean_loss: object, reuse_logits: object, *, tp: int) -> None:
     """Refuse, in one line naming the field, a loss option the profile cannot price."""
     if not isinstance(lean_loss, bool):
@@ -399,16 +409,6 @@ def loss_meta(lean_loss: bool, reuse_logits: bool) -> dict:
     if not lean_loss:
         return {"loss": "hf"}
     return {"loss": "lean", "reuse_logits": reuse_logits}
-
-
-CHUNK_BYTES = 8 << 20  # the lean loss's chunk: fp32 bytes of its temporaries (rows x V x 4), at most
-CHUNKS_AT_LEAST = 8  # chunks at least: a chunk is at most 1/8 of the rows, small beside N x V
-
-
-def rows_per_chunk(n: int, vocab: int) -> int:
-    """Rows of one chunk of the lean loss over n rows of `vocab` logits: at most CHUNK_BYTES of
-    fp32 and 1/CHUNKS_AT_LEAST of the rows."""
-    return max(1, min(CHUNK_BYTES // (4 * max(1, vocab)), -(-n // CHUNKS_AT_LEAST)))
 
 
 # NOTE [ Tensor, sequence and context parallel bytes per rank ]
