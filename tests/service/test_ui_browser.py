@@ -614,7 +614,7 @@ def test_a_finished_runs_artifacts_download_and_its_timeline_is_drawn(serve, bro
 
 def test_a_hugging_face_run_from_the_page(serve, browser):
     """The page's Hugging Face run form sends POST /v1/runs with model hf, the config as an object,
-    the sequence, batch and loss, and the budget, strategy and steps of the page; a config that is not
+    the sequence, batch and loss (the lean one reusing the logits), and the budget, strategy and steps of the page; a config that is not
     JSON is one clear message and nothing is sent."""
     b = browser
     open_page(b, serve.url)
@@ -626,12 +626,12 @@ def test_a_hugging_face_run_from_the_page(serve, browser):
          "document.querySelector('#hf-run-seq').value = '16'; document.querySelector('#hf-run-batch').value = '2';"
          "document.querySelector('#run-budget').value = '300KB'; document.querySelector('#run-steps').value = '2';"
          "document.querySelector('#strategy').value = 'heuristic';"
-         "document.querySelector('#hf-run-loss').value = 'lean';"
+         "document.querySelector('#hf-run-loss').value = 'reuse';"
          "document.querySelector('#hf-run-form').requestSubmit()")
     run_id = new_run(b, before)
     job = httpx.get(f"{serve.url}/v1/runs/{run_id}").json()
     assert job["request"]["model"] == "hf" and job["request"]["config"] == {
-        "hf_config": cfg, "seq": 16, "batch_size": 2, "lean_loss": True}
+        "hf_config": cfg, "seq": 16, "batch_size": 2, "lean_loss": True, "reuse_logits": True}
     assert (job["request"]["budget_bytes"], job["request"]["strategy"], job["request"]["steps"]) == (300_000, "heuristic", 2)
     b.wait(f"document.getElementById('job-{run_id}').dataset.state === 'succeeded'", "the run to succeed")
     n_runs = len(run_ids(serve))
