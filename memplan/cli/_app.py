@@ -8,12 +8,12 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 __all__ = ["app", "user_errors", "read_json", "echo_json", "console", "given_options",
-           "check_output_path"]
+           "check_output_path", "LeanLossOption", "ReuseLogitsOption"]
 
 app = typer.Typer(
     name="memplan",
@@ -24,6 +24,15 @@ app = typer.Typer(
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# the head's loss, for the commands that build or price a Hugging Face model (profile --hf-config,
+# run --hf-config, capacity): one meaning everywhere, as memplan.lean_loss(model, reuse_logits=)
+LeanLossOption = Annotated[bool, typer.Option(
+    "--lean-loss", help="the model computes its loss with memplan.lean_loss: the logits and "
+    "per-token log-sum-exps saved, no log-softmax (docs/apply.md, \"A lean loss\")")]
+ReuseLogitsOption = Annotated[bool, typer.Option(
+    "--reuse-logits", help="with --lean-loss: its backward writes the logits' gradient over the "
+    "logits, one N x V tensor less at the head's peak (for loops that read only the loss)")]
 
 
 def console():

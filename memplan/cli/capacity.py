@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from memplan.cli._app import app, console, echo_json, read_json, user_errors
+from memplan.cli._app import (
+    LeanLossOption,
+    ReuseLogitsOption,
+    app,
+    console,
+    echo_json,
+    read_json,
+    user_errors,
+)
 
 # capacity's fields -> this command's options, for error messages
 _OPTION = {"memory_bytes": "--memory", "seq_len": "--seq", "micro_batch": "--batch", "batch_size": "--batch", "n_gpus": "--gpus",
@@ -57,10 +65,8 @@ def capacity_cmd(
     attention: Annotated[str, typer.Option(help="sdpa (flash kernel) or eager")] = "sdpa",
     optimizer: Annotated[str, typer.Option(help="adamw, adam, sgd-momentum, sgd, none")] = "adamw",
     utilization: Annotated[float, typer.Option(help="fraction of peak FLOP/s (step time only)")] = 0.4,
-    lean: Annotated[bool, typer.Option("--lean-loss", help="the head computes memplan.lean_loss "
-                                       "(no saved log-softmax; docs/apply.md)")] = False,
-    reuse: Annotated[bool, typer.Option("--reuse-logits", help="with --lean-loss: its backward "
-                                        "writes the logits' gradient over the logits")] = False,
+    lean: LeanLossOption = False,
+    reuse: ReuseLogitsOption = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
 ) -> None:
     """Does CONFIG train within --memory per GPU? Exit 0 when it fits, 1 when not, 2 bad input."""

@@ -9,7 +9,15 @@ from typing import Annotated
 
 import typer
 
-from memplan.cli._app import app, check_output_path, console, echo_json, user_errors
+from memplan.cli._app import (
+    LeanLossOption,
+    ReuseLogitsOption,
+    app,
+    check_output_path,
+    console,
+    echo_json,
+    user_errors,
+)
 from memplan.cli._remote import ServerOption, finished_result, remote
 
 # the library's field names -> this command's options, for error messages (NOTE: a message
@@ -109,12 +117,8 @@ def profile_cmd(
     policies: Annotated[bool, typer.Option(
         "--policies", help="measured profiles: also measure each stage's save policies "
         "(selective recompute: docs/chain-model.md section 10.8)")] = False,
-    lean: Annotated[bool, typer.Option(
-        "--lean-loss", help="--hf-config: the head computes its loss with memplan.lean_loss (the "
-        "logits and per-token log-sum-exps saved, no log-softmax; docs/apply.md)")] = False,
-    reuse: Annotated[bool, typer.Option(
-        "--reuse-logits", help="with --lean-loss: its backward writes the logits' gradient over "
-        "the logits, as memplan.lean_loss(model, reuse_logits=True)")] = False,
+    lean: LeanLossOption = False,  # --hf-config only
+    reuse: ReuseLogitsOption = False,
     server: ServerOption = None,
 ) -> None:
     """Profile a built-in model: per-stage times, bytes and FLOPs (see docs/profiler.md)."""

@@ -9,7 +9,16 @@ from typing import Annotated
 
 import typer
 
-from memplan.cli._app import app, check_output_path, console, echo_json, given_options, user_errors
+from memplan.cli._app import (
+    LeanLossOption,
+    ReuseLogitsOption,
+    app,
+    check_output_path,
+    console,
+    echo_json,
+    given_options,
+    user_errors,
+)
 from memplan.cli._remote import ServerOption, finished_result, remote
 
 
@@ -50,12 +59,8 @@ def run_cmd(
     compile_blocks: Annotated[bool, typer.Option(
         "--compile", help="--hf-config: compile each block (torch.compile per block) and plan on "
         "the compiled costs")] = False,
-    lean: Annotated[bool, typer.Option(
-        "--lean-loss", help="--hf-config: compute the loss with memplan.lean_loss (the same loss "
-        "without the saved log-softmax: a lighter head)")] = False,
-    reuse: Annotated[bool, typer.Option(
-        "--reuse-logits", help="--hf-config --lean-loss: its backward writes the logits' gradient "
-        "over the logits (the loop reads only the loss)")] = False,
+    lean: LeanLossOption = False,  # --hf-config only
+    reuse: ReuseLogitsOption = False,
     server: ServerOption = None,
 ) -> None:
     """Profile, plan, run and compare a built-in model: predicted against measured.
