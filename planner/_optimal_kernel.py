@@ -77,6 +77,18 @@ except Exception as exc:  # pragma: no cover - exercised only where numba cannot
 
 
 _NO_CAP = np.int64(2**62)
+# NOTE [ a launch's cost ]
+# A parallel loop on numba's workqueue layer (NOTE [ numba's threads and torch's ]) costs 130-150
+# us to launch and join on the 2-core machine of docs/planner.md, against 2 us on the OpenMP
+# layer: waking the pool's threads, not the work. The DPs launch once per length and kind (2,000
+# times at 1,000 stages: 0.3 s of a 1.6 s solve), and short lengths hold less work than a launch.
+# So a length runs in the calling thread unless its estimated work, d splits over the points of
+# each sub-problem's predecessor (about one walk step each, a few ns), reaches _PARALLEL_WORK
+# (about half a millisecond); a length with nothing to solve launches nothing; and the pool is
+# filled in one thread (a length's copy takes less than a launch). Which thread solves a
+# sub-problem never changes its frontier (tests pass `_parallel_work=0` to run every length in
+# parallel).
+_PARALLEL_WORK = 100_000
 _BIG = np.int64(2**62)  # the sentinel peak after each frontier in the pool: above every real one
 _LAUNCH = threading.Lock()  # NOTE [ numba's threads and torch's ]
 
@@ -272,7 +284,11 @@ def _split_points(PP, PT, oR, nR, oL, nL, xs, fsum, fastest, fwd, m0, m1, sp, Ep
     # points, so the walk needs no end tests; which child steps next is a comparison, not a
     # branch; E's index lags (one step per point of S, no branch) and is made exact only when S
     # seems to beat it (a lagging index only overstates E's time); indices are unsigned, so
-    # numba adds no negative-index wraparound to each load. Together: twice as fast.
+    # numba adds no negative-index wraparound to each load. Together: twice as fast. Each child's
+    # peak after next is loaded a step ahead (nr2, nl2; E's next peak likewise), so the step that
+    # picks the next peak selects a value already loaded instead of waiting on a load whose
+    # address the previous step computed: 3.4 ns a step instead of 4.5 in isolation, 15% off the
+    # 1,000-block memo solve. The pool keeps room for one point after its last sentinel.
     ns = 0
     i = np.uint64(_gallop(PP, oR, oR + nR, m0 - xs))
     j = np.uint64(_gallop(PP, oL, oL + nL, m0))
@@ -301,18 +317,28 @@ def _split_points(PP, PT, oR, nR, oL, nL, xs, fsum, fastest, fwd, m0, m1, sp, Ep
     if e < 0:
         return ns
     k = np.uint64(e)
+    two = np.uint64(2)
+    nr2 = PP[i + two] + xs  # each child's peak after next, loaded a step ahead
+    nl2 = PP[j + two]
+    ne1 = Ep[k + one]
     while m <= m1:
-        i += np.uint64(nr == m)
-        j += np.uint64(nl == m)
-        nr = PP[i + one] + xs
-        nl = PP[j + one]
-        k += np.uint64(Ep[k + one] <= m)
+        a = nr == m
+        b = nl == m
+        i += np.uint64(a)
+        j += np.uint64(b)
+        nr = nr2 if a else nr
+        nl = nl2 if b else nl
+        nr2 = PP[i + two] + xs
+        nl2 = PP[j + two]
+        k += np.uint64(ne1 <= m)
+        ne1 = Ep[k + one]
         if Et[k] <= fastest:
             break  # E is as fast as S can ever be: nothing from here on beats it
         v = fsum + PT[i] + PT[j]
         if v < Et[k] - abs(Et[k]) * 1e-12:
             while Ep[k + one] <= m:
                 k += one
+            ne1 = Ep[k + one]
             if v < Et[k] - abs(Et[k]) * 1e-12:
                 ns = _push(Sp, St, Sc, ns, m, v, sp)
         m = min(nr, nl)
@@ -622,17 +648,17 @@ def _to_row(gP, gT, gC, gN, r, ne, W, width):
         gN[r] = -1
 
 
-@njit(cache=True, parallel=True)
-def _store(n, gP, gT, gC, gN, PP, PT, PC, at, n_workers):
-    """Staging rows 0..n-1 into the pool at `at`, each followed by a sentinel peak."""
-    for w in prange(n_workers):
-        for idx in range(w, n, n_workers):
-            ne = gN[idx]
-            u = at[idx]
-            PP[u:u + ne] = gP[idx, :ne]
-            PT[u:u + ne] = gT[idx, :ne]
-            PC[u:u + ne] = gC[idx, :ne]
-            PP[u + ne] = _BIG
+@njit(cache=True)
+def _store(n, gP, gT, gC, gN, PP, PT, PC, at):
+    """Staging rows 0..n-1 into the pool at `at`, each followed by a sentinel peak (in one
+    thread: copying a length's rows takes less than a launch, NOTE [ a launch's cost ])."""
+    for idx in range(n):
+        ne = gN[idx]
+        u = at[idx]
+        PP[u:u + ne] = gP[idx, :ne]
+        PT[u:u + ne] = gT[idx, :ne]
+        PC[u:u + ne] = gC[idx, :ne]
+        PP[u + ne] = _BIG
 
 
 @njit(cache=True)
@@ -680,7 +706,7 @@ def _restage(late, d, rows, width, K, off, cnt, PP, PT, PC, gP, gT, gC, gN, row_
 
 
 @njit(cache=True)
-def _solve(K, cap, windowed, n_workers, width, PP, PT, PC):
+def _solve(K, cap, windowed, n_workers, width, min_work, PP, PT, PC):
     """All sub-problems by length (each needs only shorter ones, and P(s, s+d) also Q(s, s+d-1)),
     those of one length and kind in parallel: each worker writes its frontiers to a staging row
     of width `width`; one that does not fit is solved again after the parallel loop, alone, and
@@ -708,8 +734,14 @@ def _solve(K, cap, windowed, n_workers, width, PP, PT, PC):
             if kind == 1 and (d == 0 or not any_late):
                 continue
             late = kind == 1
-            _one_length(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers,
-                        gP, gT, gC, gN)
+            work = 0  # the length's walk work, estimated: d splits over the predecessor's points
+            for idx in range(n if d > 0 else 0):
+                work += d * (cnt[kind, idx + 1, idx + d - kind] + 1)
+            if work >= min_work and n_workers > 1:
+                _one_length(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers,
+                            gP, gT, gC, gN)
+            else:  # NOTE [ a launch's cost ]
+                _stage(0, late, d, width, K, cap, lo, off, cnt, PP, PT, PC, 1, gP, gT, gC, gN)
             for idx in range(n):
                 if gN[idx] < 0:  # too wide for its row: again, alone (`_restage`)
                     row_lo[idx] = lo[kind, idx + 1, idx + 1 + d - kind]
@@ -722,8 +754,8 @@ def _solve(K, cap, windowed, n_workers, width, PP, PT, PC):
                 cnt[kind, idx + 1, idx + 1 + d - kind] = gN[idx]
                 used += gN[idx] + 1
                 biggest = max(biggest, gN[idx])
-            PP, PT, PC = _grow3(PP, PT, PC, used)
-            _store(n, gP, gT, gC, gN, PP, PT, PC, at, n_workers)
+            PP, PT, PC = _grow3(PP, PT, PC, used + 1)  # + 1: the walk reads a point ahead
+            _store(n, gP, gT, gC, gN, PP, PT, PC, at)
             if 2 * biggest > width:
                 width = 2 * biggest
                 gP, gT, gC = _staging(L, width)
@@ -937,7 +969,8 @@ def check_costs(c: Costs, cap: int | None = None) -> None:
                         field="budget_bytes")
 
 
-def solve_compiled(c: Costs, *, cap: int | None = None, windowed: bool = False, _width: int = 256):
+def solve_compiled(c: Costs, *, cap: int | None = None, windowed: bool = False, _width: int = 256,
+                   _parallel_work: int = _PARALLEL_WORK):
     """`_optimal_dp.solve` compiled: the frontiers of every sub-chain (points above `cap` bytes
     dropped). `windowed` (with a cap): each sub-chain's frontier only where a schedule of the
     whole chain within `cap` can ask for it, and the whole chain's only its point at `cap`
@@ -951,12 +984,14 @@ def solve_compiled(c: Costs, *, cap: int | None = None, windowed: bool = False, 
     if cap is not None and cap < 0:
         cap = -1  # nothing fits (the kernel's "no cap" sentinel is large, so keep the sign)
     cap_i = _NO_CAP if cap is None else np.int64(cap)
-    # _width: the first staging row's width in points (tests make it tiny to take the slow path)
+    # _width: the first staging row's width in points (tests make it tiny to take the slow path);
+    # _parallel_work: the least work a length runs in parallel (NOTE [ a launch's cost ]; tests: 0)
     K = _arrays(c)
     n_sub = c.L * (c.L + 1) // 2 * (2 if K[9].any() else 1)  # P, and Q where late splits help
     with _LAUNCH:
         off, cnt, P, T, C = _solve(K, cap_i, windowed and cap is not None,
-                                   max(1, get_num_threads()), _width, *_pool(n_sub))
+                                   max(1, get_num_threads()), _width, _parallel_work,
+                                   *_pool(n_sub))
     return PoolFrontiers(c, cap, off, cnt, P, T, C)
 
 

@@ -64,6 +64,7 @@ from memplan.planner._optimal_kernel import (
     _BIG,
     _LAUNCH,
     _NO_CAP,
+    _PARALLEL_WORK,
     _arrays,
     _grow3,
     _last_le,
@@ -81,7 +82,8 @@ from memplan.planner._optimal_kernel import (
     prange,
 )
 
-__all__ = ["LongFrontiers", "content_classes", "solve_long", "memo_worthwhile", "schedule_ops_long"]
+__all__ = ["LongFrontiers", "content_classes", "solve_long", "memo_worthwhile", "repeated_classes",
+           "schedule_ops_long"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,14 @@ def memo_worthwhile(rep: np.ndarray) -> bool:
     s_idx = np.arange(rep.shape[1])[:, None]
     firsts = int(np.count_nonzero((rep[0] == s_idx) & (rep[0] > 0)))
     return firsts < 0.25 * L * (L + 1) / 2
+
+
+def repeated_classes(c: Costs) -> np.ndarray | None:
+    """The content classes of `c` (`content_classes`) where memoisation by them is worthwhile
+    (`memo_worthwhile`), else None: what `solve_long(memo=True, classes=...)` takes, so that a
+    caller that decides on memo does not have them computed twice."""
+    rep = content_classes(c)
+    return rep if memo_worthwhile(rep) else None
 
 
 @njit(cache=True)
@@ -214,27 +224,35 @@ def _hints(kind, st, t, off, cnt, PC, status, rep, H):
     return H
 
 
+@njit(cache=True)
+def _solve_rows(w, late, d, width, K, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN, rows,
+                row_st, row_lo, row_cap, status, rep):
+    """Worker w's share of staging rows 0..rows-1 (rows w, w + n_workers, ...): row r the
+    frontier, on the window row_lo[r]..row_cap[r] bytes (empty when lo > cap), of the sub-problem
+    of length d that starts at row_st[r] (P(s, s+d), or Q(s, s+d-1) when `late`), its
+    predecessors' splits tried first (`_hints`); -1 in gN: too wide for the row."""
+    kind = 1 if late else 0
+    L = K[0].shape[0]
+    W = _work(width, L)
+    H = np.zeros(2 * L + 2, np.int64)
+    for r in range(w, rows, n_workers):
+        if row_lo[r] > row_cap[r]:
+            gN[r] = 0
+            continue
+        st = row_st[r]
+        t = st + d - kind
+        H = _hints(kind, st, t, off, cnt, PC, status, rep, H)
+        ne, W = _subchain(late, st, t, K, row_cap[r], row_lo[r], off, cnt, PP, PT, PC, W, H)
+        _to_row(gP, gT, gC, gN, r, ne, W, width)
+
+
 @njit(cache=True, parallel=True)
 def _solve_set(late, d, width, K, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN, rows,
                row_st, row_lo, row_cap, status, rep):
-    """Staging rows 0..rows-1, `n_workers` at a time: row r the frontier, on the window
-    row_lo[r]..row_cap[r] bytes (empty when lo > cap), of the sub-problem of length d that starts
-    at row_st[r] (P(s, s+d), or Q(s, s+d-1) when `late`), its predecessors' splits tried first
-    (`_hints`); -1 in gN: too wide for the row."""
-    kind = 1 if late else 0
-    L = K[0].shape[0]
+    """`_solve_rows` on `n_workers` threads."""
     for w in prange(n_workers):
-        W = _work(width, L)
-        H = np.zeros(2 * L + 2, np.int64)
-        for r in range(w, rows, n_workers):
-            if row_lo[r] > row_cap[r]:
-                gN[r] = 0
-                continue
-            st = row_st[r]
-            t = st + d - kind
-            H = _hints(kind, st, t, off, cnt, PC, status, rep, H)
-            ne, W = _subchain(late, st, t, K, row_cap[r], row_lo[r], off, cnt, PP, PT, PC, W, H)
-            _to_row(gP, gT, gC, gN, r, ne, W, width)
+        _solve_rows(w, late, d, width, K, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN, rows,
+                    row_st, row_lo, row_cap, status, rep)
 
 
 @njit(cache=True)
@@ -329,8 +347,8 @@ def _fold_into(Rp, Rt, Rc, ne, Hp, Ht, nh, shift, sub, floor, cap):
 
 
 @njit(cache=True)
-def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum, fold, band, cum, PP, PT,
-                PC):
+def _solve_long(K, cap, windowed, n_workers, width, min_work, status, rep, fl, fbsum, fold, band, cum,
+                PP, PT, PC):
     """The kernel's `_solve` over the sub-problems `status` marks: SOLVE ones solved (exactly),
     ALIAS ones pointed at their class's first member `rep`, OPTIMISTIC ones given the one point
     (fl, fbsum) (NOTE [ banded DP and its certificate ]), SKIP ones left empty. A length with
@@ -369,7 +387,12 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum, fold
                 if t >= st and status[kind, st, t] == SOLVE:
                     row_st[m] = st
                     m += 1
-            nparts = n_workers if 0 < m < 4 * n_workers and d > 0 else 1
+            work = 0  # the length's walk work, estimated: d splits over the predecessor's points
+            for r in range(m):
+                st = row_st[r]
+                work += d * (cnt[kind, st, st + d - kind - 1] + 1) if d > 0 else 1
+            threads = n_workers if work >= min_work else 1
+            nparts = threads if 0 < m < 4 * threads and d > 0 else 1
             for r in range(m - 1, -1, -1):  # row r * nparts + p: memory range p of the r-th
                 st = row_st[r]
                 t = st + d - kind
@@ -383,8 +406,12 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum, fold
                     row_cap[r * nparts + p] = b - 1  # (empty when b = a)
                     a = b
             rows = m * nparts
-            _solve_set(late, d, width, K, off, cnt, PP, PT, PC, n_workers, gP, gT, gC, gN, rows,
-                       row_st, row_lo, row_cap, status, rep)
+            if threads > 1:
+                _solve_set(late, d, width, K, off, cnt, PP, PT, PC, threads, gP, gT, gC, gN, rows,
+                           row_st, row_lo, row_cap, status, rep)
+            elif rows > 0:
+                _solve_rows(0, late, d, width, K, off, cnt, PP, PT, PC, 1, gP, gT, gC, gN, rows,
+                            row_st, row_lo, row_cap, status, rep)
             width, gP, gT, gC = _restage(late, d, rows, width, K, off, cnt, PP, PT, PC, gP, gT,
                                          gC, gN, row_st, row_lo, row_cap)
             biggest = 0
@@ -409,7 +436,7 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum, fold
                         fwd = max(fwd, xs + (x[k - 1] if k > st else 0) + x[k] + K[5][k])
                     Rp, Rt, Rc, ne = _fold_into(Rp, Rt, Rc, ne, Hp, Ht, nh, xs, cum[st],
                                                 max(fl[st, st + band], fwd), cap)
-                PP, PT, PC = _grow3(PP, PT, PC, used + ne + 1)
+                PP, PT, PC = _grow3(PP, PT, PC, used + ne + 2)  # + 2: sentinel, read-ahead
                 PP[used:used + ne] = Rp
                 PT[used:used + ne] = Rt
                 PC[used:used + ne] = Rc
@@ -429,7 +456,7 @@ def _solve_long(K, cap, windowed, n_workers, width, status, rep, fl, fbsum, fold
                     off[kind, st, t] = off[kind, r, t - (st - r)]
                     cnt[kind, st, t] = cnt[kind, r, t - (st - r)]
                 elif code == OPTIMISTIC and fl[st, t] <= cap:
-                    PP, PT, PC = _grow3(PP, PT, PC, used + 2)
+                    PP, PT, PC = _grow3(PP, PT, PC, used + 3)
                     PP[used] = fl[st, t]
                     PT[used] = fbsum[st, t]
                     PC[used] = _OPT_CHOICE
@@ -511,16 +538,19 @@ def _status(c: Costs, rep: np.ndarray | None, width: int | None, optimistic: boo
 
 
 def solve_long(c: Costs, *, cap: int | None, width: int | None = None, optimistic: bool = False,
-               memo: bool = False, windowed: bool = True, fold: bool = False,
-               _workers: int | None = None, _width: int = 256) -> LongFrontiers:
+               memo: bool = False, classes: np.ndarray | None = None, windowed: bool = True,
+               fold: bool = False, _workers: int | None = None, _width: int = 256,
+               _parallel_work: int = _PARALLEL_WORK) -> LongFrontiers:
     """Frontiers of the sub-problems of a band of `width` stages (None: all, exact), memoised by
-    content when `memo` (NOTE [ memoised by content ]); `optimistic`: the band's lower run (NOTE
-    [ banded DP and its certificate ]), else its upper run; `fold` (lower run only): each suffix's
-    long optimistic splits as one staircase (NOTE [ folded lower run ]). `windowed` (with a cap)
-    as in `solve_compiled`. `_workers` (default: numba's threads) and `_width` (the staging rows'
-    first width, points) are for tests. Returns `LongFrontiers` (bytes, seconds)."""
+    content when `memo` (NOTE [ memoised by content ]; `classes`: `content_classes(c)` where the
+    caller has them); `optimistic`: the band's lower run (NOTE [ banded DP and its certificate ]),
+    else its upper run; `fold` (lower run only): each suffix's long optimistic splits as one
+    staircase (NOTE [ folded lower run ]). `windowed` (with a cap) as in `solve_compiled`.
+    `_workers` (default: numba's threads), `_width` (the staging rows' first width, points) and
+    `_parallel_work` (NOTE [ a launch's cost ] in planner/_optimal_kernel.py) are for tests.
+    Returns `LongFrontiers` (bytes, seconds)."""
     L = c.L
-    rep = content_classes(c) if memo else None
+    rep = (classes if classes is not None else content_classes(c)) if memo else None
     if width is not None and width >= L:
         width = None  # the band is the whole chain: exact
     fold = bool(fold and optimistic and width is not None)
@@ -542,7 +572,8 @@ def solve_long(c: Costs, *, cap: int | None, width: int | None = None, optimisti
     rep_arr = rep if rep is not None else np.zeros((2, L + 2, L + 1), np.int64)
     with _LAUNCH:
         off, cnt, P, T, C = _solve_long(K, cap_i, windowed and cap is not None,
-                                        _workers or max(1, get_num_threads()), _width, status,
+                                        _workers or max(1, get_num_threads()), _width,
+                                        _parallel_work, status,
                                         rep_arr, fl, fbsum, fold, width or L, cum,
                                         *_pool(int(np.count_nonzero(status == SOLVE))
                                                + int(np.count_nonzero(status == OPTIMISTIC))))

@@ -227,11 +227,13 @@ def _solve_mode(prof: Profile, mode: str, exact_max_stages: int | None, groups: 
                                     else min(exact_max_stages, top), groups=groups)
         return "grouped", fr, bounds, _lower_staircase(prof), None
     from memplan.planner._optimal_dp import costs_of
-    from memplan.planner._optimal_long import solve_long
+    from memplan.planner._optimal_long import repeated_classes, solve_long
 
     c = costs_of(prof)
-    if mode == "memo" or (auto and _repeats(c)):
-        return "memo", solve_long(c, cap=None, memo=True, windowed=False), None, None, None
+    classes = repeated_classes(c) if auto else None
+    if mode == "memo" or classes is not None:
+        return ("memo", solve_long(c, cap=None, memo=True, classes=classes, windowed=False), None,
+                None, None)
     up = solve_long(c, cap=None, width=BAND_WIDTH, windowed=False)
     return "banded", up, None, _lower_staircase(prof, BAND_WIDTH), BAND_WIDTH
 
@@ -390,12 +392,6 @@ def _offload_frontier(prof: Profile, *, points, mode, bandwidth: float, host_cap
         n_pareto=len(front), points=out, baselines=baselines, offload_bandwidth=bandwidth,
         host_memory_bytes=host_cap, recompute_only_points=plain.points,
     )
-
-
-def _repeats(c) -> bool:
-    from memplan.planner._optimal_long import content_classes, memo_worthwhile
-
-    return memo_worthwhile(content_classes(c))
 
 
 def _bound_at(lower: tuple[list[int], list[float]], peak: int, time_s: float) -> float:

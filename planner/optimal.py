@@ -35,6 +35,7 @@ import logging
 import math
 import time as _time
 
+import numpy as np
 from memplan.planner._build import finish_plan, infeasible_plan, insert_drops
 from memplan.planner._optimal_dp import (
     MAX_POLICY_RUNS,
@@ -118,24 +119,30 @@ def solve_frontier(
     groups: int = DEFAULT_GROUPS,
     windowed: bool = False,
     memo: bool | None = False,
+    classes: np.ndarray | None = None,
 ) -> tuple[object, list[tuple[int, int]] | None]:
     """The DP's frontiers for `profile` (points above `cap_bytes` dropped; `top()` and `choice()`
     as in `_optimal_dp.Frontiers`; `windowed`: only what a plan within `cap_bytes` needs, and
     `top()` is its one point) and the stage groups used (None: exact, one per macro stage).
     `memo`: solve exactly with memoisation by content (NOTE [ memoised by content ] in
     planner/_optimal_long.py) at any length; None: where it saves most of the work and the chain
-    is longer than `exact_max_stages` (instead of grouping)."""
+    is longer than `exact_max_stages` (instead of grouping); `classes`: the content classes where
+    the caller has them (`repeated_classes`)."""
     c = costs_of(profile)
     L = profile.n_stages
     bounds = None
     if exact_max_stages is None:
         exact_max_stages = EXACT_MAX_STAGES if cap_bytes is not None else EXACT_MAX_STAGES_UNCAPPED
+    if memo is None and L > exact_max_stages and c.K == 1:
+        from memplan.planner._optimal_long import repeated_classes
+
+        classes = repeated_classes(c)
     if memo is None:
-        memo = L > exact_max_stages and c.K == 1 and _repeats(c)
+        memo = classes is not None
     if memo:
         from memplan.planner._optimal_long import solve_long
 
-        return solve_long(c, cap=cap_bytes, memo=True, windowed=windowed), None
+        return solve_long(c, cap=cap_bytes, memo=True, classes=classes, windowed=windowed), None
     if L > exact_max_stages:
         bounds = _groups(L, groups)
         c = group_costs(c, bounds)
@@ -156,13 +163,6 @@ def _check_policy_options(mode: str, checkpoint_dtype: str) -> None:
             raise PlanError("checkpoint_dtype: storing checkpoints in another dtype is not planned "
                             "together with save policies yet; use 'compute' (or a profile "
                             "without `policies`)")
-
-
-def _repeats(c) -> bool:
-    """Whether memoisation by content saves most of the DP's work on costs `c`."""
-    from memplan.planner._optimal_long import content_classes, memo_worthwhile
-
-    return memo_worthwhile(content_classes(c))
 
 
 def lower_bound_banded(c, budget_bytes: int, width: int = BAND_WIDTH) -> float:
@@ -283,11 +283,16 @@ def plan_optimal(
     L = profile.n_stages
     cap = budget_bytes if max_overhead is None else None
     memo: bool | None = mode == "memo"
+    classes = None
     if mode == "auto" and exact_max_stages is None and cap is not None and L > EXACT_MAX_STAGES:
         # NOTE [ long chains and the certificate ]; an explicit exact_max_stages keeps its meaning
         # (grouped above it), and without a budget the frontiers are uncapped (several times
         # larger): grouped, as before
-        memo = not profile.has_policies and _repeats(costs_of(profile))
+        if not profile.has_policies:
+            from memplan.planner._optimal_long import repeated_classes
+
+            classes = repeated_classes(costs_of(profile))
+        memo = classes is not None
         if not memo and not profile.has_policies:  # with policies: grouped (solve_frontier)
             mode = "banded"
     if mode == "banded":
@@ -295,7 +300,7 @@ def plan_optimal(
     fr, bounds = solve_frontier(
         profile, cap_bytes=cap, exact_max_stages=exact_max_stages, groups=groups,
         windowed=cap is not None,  # one point is wanted: the fastest within the budget
-        memo=memo,
+        memo=memo, classes=classes,
     )
     peaks, times = fr.top()
     name = "memo" if memo else "exact" if bounds is None else "grouped"

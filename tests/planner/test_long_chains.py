@@ -9,6 +9,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memplan.planner import _optimal_long
 from memplan.planner._optimal_dp import costs_of
 from memplan.planner._optimal_kernel import least_peak_compiled, solve_compiled
 from memplan.planner._optimal_long import content_classes, memo_worthwhile, solve_long
@@ -85,17 +86,22 @@ def test_memoised_by_content_equals_the_exact_dp(n_blocks, seed, kinds):
     assert full == solve_compiled(c).top()
 
 
-@pytest.mark.parametrize(("n_blocks", "seed", "workers", "width"), [(150, 7, 2, 256), (120, 8, 3, 2)])
-def test_memo_in_parts_equals_the_exact_dp_on_long_chains(n_blocks, seed, workers, width):
+@pytest.mark.parametrize(("n_blocks", "seed", "workers", "width", "parallel_work"),
+                         [(150, 7, 2, 256, 0), (120, 8, 3, 2, 0), (150, 7, 2, 256, None)])
+def test_memo_in_parts_equals_the_exact_dp_on_long_chains(n_blocks, seed, workers, width,
+                                                          parallel_work):
     # 3 sub-problems a length: each one is built in as many memory ranges as workers, its splits
     # tried first in the order the sub-problem one stage shorter chose them, and the ranges merged
-    # (NOTE [ split order and parts ]); width 2 re-stages nearly every row (`_restage`)
+    # (NOTE [ split order and parts ]); width 2 re-stages nearly every row (`_restage`);
+    # parallel_work 0 runs every length on the workers, None (the default) runs these short
+    # lengths in the calling thread, in one part (NOTE [ a launch's cost ])
     prof = _blocks(n_blocks, seed)
     c = costs_of(prof)
+    opts = {} if parallel_work is None else {"_parallel_work": parallel_work}
     for cap in _budgets(c, 3)[1:]:
-        memo = solve_long(c, cap=cap, memo=True, _workers=workers, _width=width).top()
+        memo = solve_long(c, cap=cap, memo=True, _workers=workers, _width=width, **opts).top()
         assert (memo[0][-1], memo[1][-1]) == _exact_point(c, cap)
-    full = solve_long(c, cap=None, memo=True, _workers=workers, _width=width).top()
+    full = solve_long(c, cap=None, memo=True, _workers=workers, _width=width, **opts).top()
     assert full == solve_compiled(c).top()
 
 
@@ -198,7 +204,11 @@ def test_auto_picks_memo_or_banded_above_exact_max_stages(monkeypatch):
     blocks = _blocks(40, 5)
     c = costs_of(blocks)
     cap = _budgets(c)[2]
+    calls = []  # the content classes that decide on memo are the ones memo runs on: found once
+    monkeypatch.setattr(_optimal_long, "content_classes",
+                        lambda costs: calls.append(1) or content_classes(costs))
     plan = plan_optimal(blocks, cap)
+    assert len(calls) == 1
     assert plan.options["mode"] == "memo" and plan.options["optimality_gap"] == 0
     assert plan.predicted.time_s == _exact_point(c, cap)[1]
     _replays(blocks, plan)

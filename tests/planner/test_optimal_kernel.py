@@ -54,14 +54,17 @@ def _with_nograd(prof, scale):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prof=random_chains(max_stages=9), cap_frac=st.one_of(st.none(), st.floats(0.0, 1.2)),
-       width=st.sampled_from([1, 2, 256]), nograd=st.sampled_from([None, 0.5, 0.75]))
-def test_equals_the_reference(prof, cap_frac, width, nograd):
+       width=st.sampled_from([1, 2, 256]), nograd=st.sampled_from([None, 0.5, 0.75]),
+       parallel_work=st.sampled_from([0, 100_000]))
+def test_equals_the_reference(prof, cap_frac, width, nograd, parallel_work):
     # with a no-grad forward time, the replay (which charges it to F ops) must still agree with
-    # the DP's times point for point
+    # the DP's times point for point; parallel_work 0 runs every length on numba's threads,
+    # 100,000 (the default) each of these short ones in the calling thread
     prof = _with_nograd(prof, nograd)
     c = costs_of(prof)
     cap = None if cap_frac is None else int(cap_frac * (sum(c.x) + sum(c.s) + 6))
-    got = solve_compiled(c, cap=cap, _width=width)  # width 1-2: the staging rows overflow
+    # width 1-2: the staging rows overflow
+    got = solve_compiled(c, cap=cap, _width=width, _parallel_work=parallel_work)
     _same_top(solve(c, cap=cap), got)
     _replays_to_its_points(prof, got)
     assert least_peak_compiled(c) == least_peak(c)
