@@ -89,6 +89,29 @@ _NO_CAP = np.int64(2**62)
 # sub-problem never changes its frontier (tests pass `_parallel_work=0` to run every length in
 # parallel).
 _PARALLEL_WORK = 100_000
+_CEIL = np.int64(1 << 41)  # the time cap's choice code (NOTE [ the time cap ]): never stored
+
+# NOTE [ the time cap ]
+# A plan wants the fastest schedule within its budget, and an upper bound U on that optimum's
+# time (a schedule of the recurrence known to fit) limits what any sub-problem can contribute:
+# 1. Every stage runs forward (f) and backward (b) at least once, so the stages outside a
+#    sub-problem X take at least W(outside X) = the sum of their least f + b.
+# 2. If X ends before the loss (t < L), or is a late left part, some ancestor ran `F s..t` no-grad
+#    before X recorded them: the first ancestor with the same end that is a left part was
+#    reached by a split whose forward covered it (the root ends at the loss, so one exists). That
+#    adds fn(s..t) outside X.
+# 3. So in a schedule of time T <= U, X's point has time at most U - W(outside X) - (rule 2), its
+#    cap: a sub-problem's points above its cap are never part of such a schedule. The envelope
+#    starts as one point at the cap (choice _CEIL, dropped before the frontier is stored), so a
+#    split or record whose points do not beat the cap adds nothing, and a child's frontier
+#    begins where its times fall below its cap (the walks start higher).
+# 4. The optimum's own sub-problems all keep their points (rule 3 with T = the optimum <= U), so
+#    the top's point at the budget is the exact optimum whenever one exists within U; if no point
+#    is left at the budget, U was below the optimum and the caller solves again without a cap.
+#    Caps are loosened by a relative 1e-9 of U (sums in other orders round differently).
+# The caps are the same for every member of a content class (they depend on its costs only).
+# On 1,000 identical blocks, U from a one-level schedule (planner/optimal.py) drops 40-60% of
+# the pool's points and halves the solve.
 _BIG = np.int64(2**62)  # the sentinel peak after each frontier in the pool: above every real one
 _LAUNCH = threading.Lock()  # NOTE [ numba's threads and torch's ]
 
@@ -407,6 +430,14 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W, H):
     hold = _hold(late, t, x, K[4])  # a late part's stage t+1 has one policy: its base record
     xs = x[st - 1]
     ne = 0
+    tcap = K[19][0] + (K[18][t] - K[18][st - 1])  # NOTE [ the time cap ]
+    if late or t < x.shape[0] - 1:  # an ancestor ran `F st..t` no-grad (rule 2 there)
+        tcap -= K[20][t] - K[20][st - 1]
+    if tcap < np.inf:  # the envelope starts as the cap: only points below it enter
+        Ep[0] = -_BIG
+        Et[0] = tcap
+        Ec[0] = _CEIL
+        ne = 1
     # record s, under each of its save policies (NOTE [ save policies in the recurrence ] in
     # planner/_optimal_dp.py): each policy's staircase enters the envelope
     for pol in range(npol[st]):
@@ -514,6 +545,8 @@ def _subchain(late, st, t, K, cap, lo, off, cnt, PP, PT, PC, W, H):
                 Ep, Et, Ec = _grow3(Ep, Et, Ec, ne + ns + 1)
             ne = _merge_in_place(Ep, Et, Ec, ne, Sp, St, Sc, ns, Fp, Ft, Fc)
     k = _last_le(Ep, 0, ne, lo)  # the point in force at lo: those before it are never asked for
+    if ne > 0 and Ec[max(k, 0)] == _CEIL:
+        k += 1  # the time cap's point: nothing below the cap in force at lo
     if k > 0:
         ne -= k
         Ep[:ne] = Ep[k:k + ne].copy()
@@ -850,15 +883,20 @@ def _least_peak(K):
     return M[0, 1, L]
 
 
-def _arrays(c: Costs):
+def _arrays(c: Costs, time_cap_s: float | None = None):
     """The kernel's cost tuple K: x, f, fn, b, s, tf_f, tf_r, tf_l, tb, useful (NOTE [ late left
     parts ] in planner/_optimal_dp.py), then the records of the save policies as (policies,
     stages) arrays: s, tf_r, tf_l, tb, f, b (row 0 the base fields), the number of policies per
-    stage, and the largest record per stage (NOTE [ save policies in the recurrence ])."""
+    stage, and the largest record per stage (NOTE [ save policies in the recurrence ]); then, for
+    the time cap (NOTE [ the time cap ]), the prefix sums W of each stage's least f + b
+    (`_least_work`), the slack `time_cap_s` (1 + 1e-9) - W[L] (seconds; inf without a cap) and
+    the prefix sums of fn."""
     i64 = np.int64
     rows = [c.row(p) for p in range(c.K)]
     Ps = np.asarray([r.s for r in rows], i64)
     npol = np.asarray(c.npol if c.npol is not None else [1] * (c.L + 1), i64)
+    work = _least_work(c, rows, npol)
+    slack = np.inf if time_cap_s is None else time_cap_s * (1 + 1e-9) - float(work[c.L])
     return (np.asarray(c.x, i64), np.asarray(c.f, np.float64), np.asarray(c.f_nograd, np.float64),
             np.asarray(c.b, np.float64),
             np.asarray(c.s, i64), np.asarray(c.tf_f, i64), np.asarray(c.tf_r, i64),
@@ -866,7 +904,18 @@ def _arrays(c: Costs):
             np.asarray(late_useful(c), np.bool_),
             Ps, np.asarray([r.tf_r for r in rows], i64), np.asarray([r.tf_l for r in rows], i64),
             np.asarray([r.tb for r in rows], i64), np.asarray([r.f for r in rows], np.float64),
-            np.asarray([r.b for r in rows], np.float64), npol, Ps.max(axis=0))
+            np.asarray([r.b for r in rows], np.float64), npol, Ps.max(axis=0),
+            work, np.array([slack], np.float64),
+            np.concatenate([[0.0], np.cumsum(np.asarray(c.f_nograd, np.float64)[1:])]))
+
+
+def _least_work(c: Costs, rows, npol) -> np.ndarray:
+    """W[t]: the least seconds stages 1..t take in any schedule (each runs forward and backward
+    once, under its fastest save policy); W[0] = 0."""
+    fb = np.array([[r.f[k] + r.b[k] for k in range(c.L + 1)] for r in rows])  # (policies, stages)
+    least = np.array([fb[:int(npol[k]), k].min() for k in range(c.L + 1)])
+    least[0] = 0.0
+    return np.cumsum(least)
 
 
 class PoolFrontiers:

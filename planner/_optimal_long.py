@@ -483,6 +483,7 @@ class LongFrontiers:
     times: np.ndarray
     choices: np.ndarray
     rep: np.ndarray | None  # content classes (None: no aliases)
+    time_cap_s: float | None = None  # the time cap the frontiers were cut to (NOTE [ the time cap ])
 
     def top(self) -> tuple[list[int], list[float]]:
         """The whole chain's frontier: (peaks in bytes, times in seconds)."""
@@ -540,12 +541,17 @@ def _status(c: Costs, rep: np.ndarray | None, width: int | None, optimistic: boo
 def solve_long(c: Costs, *, cap: int | None, width: int | None = None, optimistic: bool = False,
                memo: bool = False, classes: np.ndarray | None = None, windowed: bool = True,
                fold: bool = False, _workers: int | None = None, _width: int = 256,
-               _parallel_work: int = _PARALLEL_WORK) -> LongFrontiers:
+               time_cap_s: float | None = None, _parallel_work: int = _PARALLEL_WORK
+               ) -> LongFrontiers:
     """Frontiers of the sub-problems of a band of `width` stages (None: all, exact), memoised by
     content when `memo` (NOTE [ memoised by content ]; `classes`: `content_classes(c)` where the
     caller has them); `optimistic`: the band's lower run (NOTE [ banded DP and its certificate ]),
     else its upper run; `fold` (lower run only): each suffix's long optimistic splits as one
     staircase (NOTE [ folded lower run ]). `windowed` (with a cap) as in `solve_compiled`.
+    `time_cap_s` (with a cap): an upper bound (seconds) on the optimum within it, which lets
+    every sub-problem drop the points no such schedule can use (NOTE [ the time cap ] in
+    planner/_optimal_kernel.py); the top's point at the cap is still the exact optimum, and where
+    the bound was below it the DP runs again without one.
     `_workers` (default: numba's threads), `_width` (the staging rows' first width, points) and
     `_parallel_work` (NOTE [ a launch's cost ] in planner/_optimal_kernel.py) are for tests.
     Returns `LongFrontiers` (bytes, seconds)."""
@@ -555,7 +561,8 @@ def solve_long(c: Costs, *, cap: int | None, width: int | None = None, optimisti
         width = None  # the band is the whole chain: exact
     fold = bool(fold and optimistic and width is not None)
     status = _status(c, rep, width, optimistic, fold)
-    K = _arrays(c)
+    capped = time_cap_s is not None and cap is not None
+    K = _arrays(c, time_cap_s if capped else None)
     x = K[0]
     if optimistic and width is not None:
         fl = _floors(x, K[4], K[8])
@@ -577,7 +584,13 @@ def solve_long(c: Costs, *, cap: int | None, width: int | None = None, optimisti
                                         rep_arr, fl, fbsum, fold, width or L, cum,
                                         *_pool(int(np.count_nonzero(status == SOLVE))
                                                + int(np.count_nonzero(status == OPTIMISTIC))))
-    return LongFrontiers(c, cap, off, cnt, P, T, C, rep)
+    if capped and cnt[0, 1, L] == 0:  # NOTE [ the time cap ] rule 4: the bound was too low
+        log.info("long chains: no schedule within %d bytes is as fast as %.6g s; solving again "
+                 "without a time cap", cap, time_cap_s)
+        return solve_long(c, cap=cap, width=width, optimistic=optimistic, memo=memo,
+                          classes=rep, windowed=windowed, fold=fold, _workers=_workers,
+                          _width=_width, _parallel_work=_parallel_work)
+    return LongFrontiers(c, cap, off, cnt, P, T, C, rep, time_cap_s if capped else None)
 
 
 def schedule_ops_long(fr: LongFrontiers, budget: int) -> list[tuple]:

@@ -120,6 +120,7 @@ def solve_frontier(
     windowed: bool = False,
     memo: bool | None = False,
     classes: np.ndarray | None = None,
+    time_cap_s: float | None = None,
 ) -> tuple[object, list[tuple[int, int]] | None]:
     """The DP's frontiers for `profile` (points above `cap_bytes` dropped; `top()` and `choice()`
     as in `_optimal_dp.Frontiers`; `windowed`: only what a plan within `cap_bytes` needs, and
@@ -127,7 +128,8 @@ def solve_frontier(
     `memo`: solve exactly with memoisation by content (NOTE [ memoised by content ] in
     planner/_optimal_long.py) at any length; None: where it saves most of the work and the chain
     is longer than `exact_max_stages` (instead of grouping); `classes`: the content classes where
-    the caller has them (`repeated_classes`)."""
+    the caller has them (`repeated_classes`); `time_cap_s` (memo with `cap_bytes`): an upper
+    bound on the optimum's time (NOTE [ the time cap ] in planner/_optimal_kernel.py)."""
     c = costs_of(profile)
     L = profile.n_stages
     bounds = None
@@ -142,7 +144,8 @@ def solve_frontier(
     if memo:
         from memplan.planner._optimal_long import solve_long
 
-        return solve_long(c, cap=cap_bytes, memo=True, classes=classes, windowed=windowed), None
+        return solve_long(c, cap=cap_bytes, memo=True, classes=classes, windowed=windowed,
+                          time_cap_s=time_cap_s), None
     if L > exact_max_stages:
         bounds = _groups(L, groups)
         c = group_costs(c, bounds)
@@ -163,6 +166,40 @@ def _check_policy_options(mode: str, checkpoint_dtype: str) -> None:
             raise PlanError("checkpoint_dtype: storing checkpoints in another dtype is not planned "
                             "together with save policies yet; use 'compute' (or a profile "
                             "without `policies`)")
+
+
+def one_level_bound(profile: Profile, budget_bytes: int) -> float | None:
+    """An upper bound (seconds) on the optimum within `budget_bytes`: the replayed time of the
+    fastest one-level schedule found that fits (the last q stages recorded, the ones before in
+    recomputed segments of q, for the largest q a bisection finds), None when none fits. Such a
+    schedule is one of the recurrence's (nested right parts, recorded left parts), so the bound
+    holds for the DP's optimum; memo plans use it as their time cap (NOTE [ the time cap ] in
+    planner/_optimal_kernel.py)."""
+    from memplan.planner._build import one_level_ops
+
+    L = profile.n_stages
+
+    def replayed(q: int):
+        head = L - q
+        segments = [(p, min(p + q - 1, head), True) for p in range(1, head + 1, q)]
+        return replay(profile, one_level_ops(segments + [(head + 1, L, False)], L))
+
+    sim = replayed(L)  # store-all
+    if sim.peak_bytes <= budget_bytes:
+        return sim.time_s
+    lo = max(1, math.isqrt(L))  # near the least peak of the family; above it peaks grow with q
+    best = replayed(lo)
+    if best.peak_bytes > budget_bytes:
+        return None
+    hi = L  # lo fits, hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        sim = replayed(mid)
+        if sim.peak_bytes <= budget_bytes:
+            lo, best = mid, sim
+        else:
+            hi = mid
+    return best.time_s
 
 
 def lower_bound_banded(c, budget_bytes: int, width: int = BAND_WIDTH) -> float:
@@ -297,10 +334,13 @@ def plan_optimal(
             mode = "banded"
     if mode == "banded":
         return _plan_banded(profile, budget_bytes, max_gap=max_gap, t0=t0)
+    # memo: a one-level schedule's time caps what each sub-problem may take (NOTE [ the time cap ]
+    # in planner/_optimal_kernel.py); the result is the same exact optimum
+    time_cap = one_level_bound(profile, cap) if memo and cap is not None else None
     fr, bounds = solve_frontier(
         profile, cap_bytes=cap, exact_max_stages=exact_max_stages, groups=groups,
         windowed=cap is not None,  # one point is wanted: the fastest within the budget
-        memo=memo, classes=classes,
+        memo=memo, classes=classes, time_cap_s=time_cap,
     )
     peaks, times = fr.top()
     name = "memo" if memo else "exact" if bounds is None else "grouped"

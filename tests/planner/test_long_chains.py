@@ -268,3 +268,48 @@ def test_frontier_points_carry_certified_gaps(seed):
         best = exact.points[max(i for i, q in enumerate(peaks) if q <= p.peak_bytes)].time_s
         assert p.lower_bound_s <= best * (1 + 1e-12) <= p.time_s * (1 + 2e-12)
         assert p.optimality_gap == pytest.approx((p.time_s - p.lower_bound_s) / p.lower_bound_s)
+
+
+@_SLOW
+@given(random_chains(min_stages=2, max_stages=12, nograd=True), st.floats(0.0, 1.0),
+       st.sampled_from([0.0, 0.05, 0.5, -0.2]), st.booleans())
+def test_a_time_cap_keeps_the_exact_optimum(prof, frac, over, memo):
+    # NOTE [ the time cap ]: with any bound U on the optimum's time, every sub-problem drops the
+    # points no schedule within U can use, and the point at the budget is still the exact one
+    # (no-grad forward times below the forward's: rule 2 charges fn); a bound below the optimum
+    # (over < 0) leaves nothing at the budget and the DP runs again without one
+    c = costs_of(prof)
+    least = least_peak_compiled(c)
+    top = solve_compiled(c).top()[0][-1]
+    cap = int(least + frac * (top - least))
+    want = _exact_point(c, cap)
+    fr = solve_long(c, cap=cap, memo=memo, time_cap_s=want[1] * (1 + over))
+    assert (fr.top()[0][-1], fr.top()[1][-1]) == want
+    assert (fr.time_cap_s is not None) == (over >= 0)  # found under the cap, or solved again
+
+
+def test_the_one_level_bound_caps_memo_plans():
+    from memplan.planner.optimal import one_level_bound
+    from memplan.planner.simulate import store_all_time
+
+    prof = _blocks(150, 7)
+    c = costs_of(prof)
+    capped_any = False
+    for cap in _budgets(c, 4)[1:-1]:
+        bound = one_level_bound(prof, cap)
+        if bound is None:  # below the one-level schedules' least peak
+            continue
+        want = _exact_point(c, cap)
+        assert bound >= want[1]
+        plain = solve_long(c, cap=cap, memo=True)
+        capped = solve_long(c, cap=cap, memo=True, time_cap_s=bound)
+        assert (capped.top()[0][-1], capped.top()[1][-1]) == want and capped.time_cap_s == bound
+        assert len(capped.peaks) < 0.8 * len(plain.peaks)  # the cap drops points: that is its use
+        capped_any = True
+        plan = plan_optimal(prof, cap, mode="memo")  # with the bound as its time cap
+        assert plan.predicted.time_s == want[1]
+        _replays(prof, plan)
+    assert capped_any
+    top = solve_compiled(c).top()[0][-1]
+    assert one_level_bound(prof, top) == store_all_time(prof)  # store-all fits: its time
+    assert one_level_bound(prof, least_peak_compiled(c)) is None  # no one-level schedule fits
