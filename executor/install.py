@@ -23,7 +23,7 @@ from memplan.executor.apply import (
     remove_checkpoint,
 )
 from memplan.executor.offload import RUN_CPU_REFUSAL
-from memplan.profiler.hf_config import CONFIG_DTYPES
+from memplan.profiler.hf_config import CONFIG_DTYPES, REUSE_LOGITS_NEEDS_LEAN
 
 __all__ = ["HFRun", "hf_config_of", "hf_model_from_config", "run_hf_config"]
 
@@ -144,8 +144,7 @@ def run_hf_config(config: str | Path | dict, *, batch_size: int = 4, seq: int = 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise InstallError(f"steps: an integer >= 1, got {steps!r}")
     if reuse_logits and not lean_loss:
-        raise InstallError("reuse_logits: it is an option of the lean loss; set lean_loss too, or "
-                           "drop reuse_logits")
+        raise InstallError(REUSE_LOGITS_NEEDS_LEAN)
     torch.manual_seed(seed)
     model = hf_model_from_config(config).train()
     if lean_loss:

@@ -89,6 +89,13 @@ _NO_CAP = np.int64(2**62)
 # sub-problem never changes its frontier (tests pass `_parallel_work=0` to run every length in
 # parallel).
 _PARALLEL_WORK = 100_000
+
+
+@njit(cache=True, inline="always")
+def _walk_work(kind, d, st, cnt):
+    """The estimated walk steps of sub-problem (kind, st, st+d-kind) (NOTE [ a launch's cost ]):
+    d splits over the points of its predecessor one stage shorter."""
+    return d * (cnt[kind, st, st + d - kind - 1] + 1) if d > 0 else 1
 _CEIL = np.int64(1 << 41)  # the time cap's choice code (NOTE [ the time cap ]): never stored
 
 # NOTE [ the time cap ]
@@ -767,9 +774,9 @@ def _solve(K, cap, windowed, n_workers, width, min_work, PP, PT, PC):
             if kind == 1 and (d == 0 or not any_late):
                 continue
             late = kind == 1
-            work = 0  # the length's walk work, estimated: d splits over the predecessor's points
-            for idx in range(n if d > 0 else 0):
-                work += d * (cnt[kind, idx + 1, idx + d - kind] + 1)
+            work = 0  # the length's walk work, estimated (NOTE [ a launch's cost ])
+            for idx in range(n):
+                work += _walk_work(kind, d, idx + 1, cnt)
             if work >= min_work and n_workers > 1:
                 _one_length(late, d, width, K, cap, lo, off, cnt, PP, PT, PC, n_workers,
                             gP, gT, gC, gN)
@@ -895,7 +902,9 @@ def _arrays(c: Costs, time_cap_s: float | None = None):
     rows = [c.row(p) for p in range(c.K)]
     Ps = np.asarray([r.s for r in rows], i64)
     npol = np.asarray(c.npol if c.npol is not None else [1] * (c.L + 1), i64)
-    work = _least_work(c, rows, npol)
+    Pf = np.asarray([r.f for r in rows], np.float64)
+    Pb = np.asarray([r.b for r in rows], np.float64)
+    work = _least_work(Pf, Pb, npol)
     slack = np.inf if time_cap_s is None else time_cap_s * (1 + 1e-9) - float(work[c.L])
     return (np.asarray(c.x, i64), np.asarray(c.f, np.float64), np.asarray(c.f_nograd, np.float64),
             np.asarray(c.b, np.float64),
@@ -903,17 +912,17 @@ def _arrays(c: Costs, time_cap_s: float | None = None):
             np.asarray(c.tf_l, i64), np.asarray(c.tb, i64),
             np.asarray(late_useful(c), np.bool_),
             Ps, np.asarray([r.tf_r for r in rows], i64), np.asarray([r.tf_l for r in rows], i64),
-            np.asarray([r.tb for r in rows], i64), np.asarray([r.f for r in rows], np.float64),
-            np.asarray([r.b for r in rows], np.float64), npol, Ps.max(axis=0),
+            np.asarray([r.tb for r in rows], i64), Pf, Pb, npol, Ps.max(axis=0),
             work, np.array([slack], np.float64),
             np.concatenate([[0.0], np.cumsum(np.asarray(c.f_nograd, np.float64)[1:])]))
 
 
-def _least_work(c: Costs, rows, npol) -> np.ndarray:
+def _least_work(Pf: np.ndarray, Pb: np.ndarray, npol: np.ndarray) -> np.ndarray:
     """W[t]: the least seconds stages 1..t take in any schedule (each runs forward and backward
-    once, under its fastest save policy); W[0] = 0."""
-    fb = np.array([[r.f[k] + r.b[k] for k in range(c.L + 1)] for r in rows])  # (policies, stages)
-    least = np.array([fb[:int(npol[k]), k].min() for k in range(c.L + 1)])
+    once, under its fastest save policy; Pf, Pb: (policies, stages), npol policies per stage);
+    W[0] = 0."""
+    offered = np.arange(Pf.shape[0])[:, None] < npol[None, :]
+    least = np.where(offered, Pf + Pb, np.inf).min(axis=0)
     least[0] = 0.0
     return np.cumsum(least)
 

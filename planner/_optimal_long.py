@@ -76,6 +76,7 @@ from memplan.planner._optimal_kernel import (
     _staging,
     _subchain,
     _to_row,
+    _walk_work,
     _work,
     get_num_threads,
     njit,
@@ -387,10 +388,9 @@ def _solve_long(K, cap, windowed, n_workers, width, min_work, status, rep, fl, f
                 if t >= st and status[kind, st, t] == SOLVE:
                     row_st[m] = st
                     m += 1
-            work = 0  # the length's walk work, estimated: d splits over the predecessor's points
+            work = 0  # the length's walk work, estimated (NOTE [ a launch's cost ])
             for r in range(m):
-                st = row_st[r]
-                work += d * (cnt[kind, st, st + d - kind - 1] + 1) if d > 0 else 1
+                work += _walk_work(kind, d, row_st[r], cnt)
             threads = n_workers if work >= min_work else 1
             nparts = threads if 0 < m < 4 * threads and d > 0 else 1
             for r in range(m - 1, -1, -1):  # row r * nparts + p: memory range p of the r-th

@@ -29,7 +29,7 @@ from typing import Any
 from memplan.planner.devices import DEVICES, DevicePreset, device_preset
 from memplan.planner.parallelism import MAX_PARALLEL
 from memplan.planner.schema import PlanError
-from memplan.profiler.hf_config import loss_meta
+from memplan.profiler.hf_config import REUSE_LOGITS_NEEDS_LEAN, loss_meta
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["DevicePreset", "DEVICES", "device_preset", "CapacityRequest", "CapacityAnswer",
@@ -321,8 +321,7 @@ def capacity(request: CapacityRequest | dict) -> CapacityAnswer:
     if req.attention not in ("sdpa", "eager", "flash"):
         raise PlanError(f"attention: choose sdpa or eager, not {req.attention!r}")
     if req.reuse_logits and not req.lean_loss:
-        raise PlanError("reuse_logits: it is an option of the lean loss; set lean_loss too, or drop "
-                        "reuse_logits")
+        raise PlanError(REUSE_LOGITS_NEEDS_LEAN)
     peak = req.peak_flops or (preset.peak_bf16_flops if preset else 1e15)
     ask = _Asker(req, memory, peak * req.utilization)
     if ask.shape.n_layer > MAX_LAYERS:

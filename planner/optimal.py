@@ -179,14 +179,15 @@ def one_level_bound(profile: Profile, budget_bytes: int) -> float | None:
     no-grad forward per stage of q, so q is searched between a q that fits and one that does not,
     each probe where the line through the two meets the budget (every other probe a bisection),
     until they are L / 256 stages apart: a bound within about L / 256 forwards of the family's
-    best, in 3-6 replays instead of a bisection's 10-12."""
+    best, in 5-7 replays (store-all's and q = sqrt(L)'s included) instead of a bisection's 12."""
     from memplan.planner._build import one_level_ops
+    from memplan.planner.uniform import uniform_segments
 
     L = profile.n_stages
 
     def replayed(q: int):
-        head = L - q
-        segments = [(p, min(p + q - 1, head), True) for p in range(1, head + 1, q)]
+        head = L - q  # stages 1..head in segments of q, all recomputed; the tail recorded
+        segments = [(p, e, True) for p, e, _ in uniform_segments(head, q)]
         return replay(profile, one_level_ops(segments + [(head + 1, L, False)], L))
 
     high = replayed(L)  # store-all

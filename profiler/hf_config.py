@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CONFIG_DTYPES", "MAX_LAYERS", "DecoderShape", "ParamCounts", "decoder_shape", "param_counts", "n_params", "FAMILIES",
            "hf_analytic_profile", "hf_model", "measure_hf_config", "check_split", "CHUNK_BYTES",
-           "CHUNKS_AT_LEAST", "rows_per_chunk", "loss_meta"]
+           "CHUNKS_AT_LEAST", "rows_per_chunk", "loss_meta", "REUSE_LOGITS_NEEDS_LEAN"]
 
 # model_type -> the family whose layer layout it has
 FAMILIES: dict[str, str] = {
@@ -389,6 +389,12 @@ def rows_per_chunk(n: int, vocab: int) -> int:
     return max(1, min(CHUNK_BYTES // (4 * max(1, vocab)), -(-n // CHUNKS_AT_LEAST)))
 
 
+# the refusal of reuse_logits without lean_loss, one wording at every boundary that takes both
+# (profiles, capacity, runs, the service's run config), each raising its own error type
+REUSE_LOGITS_NEEDS_LEAN = ("reuse_logits: it is an option of the lean loss; set lean_loss too, or drop "
+                           "reuse_logits")
+
+
 def _check_loss(lean_loss: object, reuse_logits: object, *, tp: int) -> None:
     """Refuse, in one line naming the field, a loss option the profile cannot price."""
     if not isinstance(lean_loss, bool):
@@ -396,8 +402,7 @@ def _check_loss(lean_loss: object, reuse_logits: object, *, tp: int) -> None:
     if not isinstance(reuse_logits, bool):
         raise ProfileError(f"reuse_logits: expected true or false, got {reuse_logits!r}")
     if reuse_logits and not lean_loss:
-        raise ProfileError("reuse_logits: it is an option of the lean loss; set lean_loss too, or "
-                           "drop reuse_logits")
+        raise ProfileError(REUSE_LOGITS_NEEDS_LEAN)
     if lean_loss and tp > 1:
         raise ProfileError("lean_loss: the lean loss is not vocabulary-parallel; with tp > 1 the "
                            "head's loss is Megatron's vocab-parallel cross-entropy (drop lean_loss)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
+from memplan.profiler.hf_config import REUSE_LOGITS_NEEDS_LEAN
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 __all__ = [
@@ -106,8 +107,7 @@ class HFRunConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> HFRunConfig:
         if self.reuse_logits and not self.lean_loss:
-            raise ValueError("reuse_logits: it is an option of the lean loss; set lean_loss too, or "
-                             "drop reuse_logits")
+            raise ValueError(REUSE_LOGITS_NEEDS_LEAN)
         cfg = self.hf_config
         mt = cfg.get("model_type")
         if mt not in HF_RUN_MODEL_TYPES:
